@@ -1,0 +1,27 @@
+# The two set-up commands (README): `make demo` and `make test`. Each creates the
+# virtual environment on first use, so a fresh machine needs nothing else.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+# torch is pinned here (CI installs exactly this); pyproject accepts torch>=2.4
+TORCH  ?= torch==2.13.0
+export MAX_JOBS ?= 2
+
+$(VENV)/.installed: pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH)"
+	$(PY) -m pip install -q -e ".[test]"
+	touch $@
+
+.PHONY: install demo test bench
+install: $(VENV)/.installed
+
+demo: $(VENV)/.installed
+	$(PY) examples/demo.py
+
+test: $(VENV)/.installed
+	$(PY) -m pytest -q tests
+
+bench: $(VENV)/.installed
+	$(PY) benchmarks/loader.py

@@ -1,0 +1,1 @@
+"""Where builds live: content-hashed keys, the on-disk store, and the build lock."""

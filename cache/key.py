@@ -1,0 +1,65 @@
+"""Cache keys: canonical JSON (types are part of the syntax) hashed with SHA-256.
+
+Two-level, as ccache's direct mode: the *source key* covers everything known
+before compiling (sources, flags, toolchain, environment); the *key* adds the
+headers the compiler really read, taken from its depfile. An index file per
+source key lists the header sets seen so far, so reverting a header edit finds
+the earlier entry again without compiling.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+
+SCHEMA = 1  # bump when the layout or the meaning of a key changes
+
+
+def digest(obj) -> str:
+    blob = json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def source_key(inputs: dict) -> str:
+    return digest({"schema": SCHEMA, "kind": "source", "inputs": inputs})
+
+
+def full_key(skey: str, headers: dict[str, str]) -> str:
+    return digest({"schema": SCHEMA, "kind": "full", "source_key": skey, "headers": headers})
+
+
+def workspace_key(inputs: dict) -> str:
+    """The same for every edit of the same files with the same flags: the ninja
+    build directory it names keeps object files between edits (incremental)."""
+    stable = dict(inputs)
+    stable["sources"] = [s["path"] for s in inputs["sources"]]
+    return digest({"schema": SCHEMA, "kind": "workspace", "inputs": stable})
+
+
+_file_memo: dict[str, tuple[tuple, str]] = {}
+
+
+def file_sha256(path: str) -> str | None:
+    """SHA-256 of a file's bytes, or None if it cannot be read.
+
+    Memoized in-process by the full stat signature (size, mtime, ctime, inode):
+    a rewrite changes ctime even when size and mtime are restored.
+    """
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    sig = (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev)
+    hit = _file_memo.get(path)
+    if hit is not None and hit[0] == sig:
+        return hit[1]
+    h = hashlib.sha256()
+    try:
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+    except OSError:
+        return None
+    value = h.hexdigest()
+    _file_memo[path] = (sig, value)
+    return value

@@ -1,0 +1,28 @@
+"""kload: write a C++/CUDA kernel, call it from Python. Compiled at first use,
+cached by content, dispatched through PyTorch.
+
+    import kload
+    ops = kload.load("my_ops.cpp", "my_ops.cu")   # nothing compiles yet
+    c = ops.vector_add(a, b)                      # first use: compile or cache hit, then run
+"""
+from __future__ import annotations
+
+import logging
+
+from .api import load, load_inline
+from .errors import CompileError, KloadError
+from .handle import HISTORY, Handle
+
+__all__ = ["load", "load_inline", "Handle", "CompileError", "KloadError", "HISTORY", "kernels"]
+__version__ = "0.1.0"
+
+logging.getLogger("kload").addHandler(logging.NullHandler())
+
+
+def __getattr__(name):
+    # `kload.kernels` (the shipped kernels) is imported on first use only
+    if name == "kernels":
+        import importlib
+
+        return importlib.import_module("kload.kernels")
+    raise AttributeError(f"module 'kload' has no attribute {name!r}")

@@ -1,0 +1,73 @@
+"""The public entry points: ``load`` (files) and ``load_inline`` (strings)."""
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+from . import knobs
+from .build import check_name, make_options
+from .errors import KloadError
+from .handle import Handle
+from .sources import resolve_paths
+
+
+def load(*sources, name=None, extra_cflags=(), extra_cuda_cflags=(), extra_ldflags=(),
+         extra_include_paths=(), verbose=False, debug=None) -> Handle:
+    """A handle to the ops in ``sources`` (.cpp/.cu); nothing compiles until first use.
+
+    Missing files, unsupported suffixes and malformed options raise here, at once.
+    """
+    if len(sources) == 1 and isinstance(sources[0], (list, tuple)):
+        sources = tuple(sources[0])
+    paths = resolve_paths(list(sources))
+    opts = make_options(name, paths, extra_cflags, extra_cuda_cflags, extra_ldflags,
+                        extra_include_paths, verbose, debug)
+    return Handle(opts)
+
+
+def _as_text(value, what: str) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+        return "\n".join(value)
+    raise TypeError(f"kload: {what} must be a string or a list of strings, got {type(value).__name__}")
+
+
+def _default_include(text: str) -> str:
+    """Like torch's load_inline: a source without a single #include gets the header
+    its binding style needs."""
+    if "#include" in text:
+        return text
+    header = "<torch/extension.h>" if "PYBIND11_MODULE" in text else "<kload/kernel.h>"
+    return f"#include {header}\n{text}"
+
+
+def load_inline(name, cpp_sources, cuda_sources=None, **options) -> Handle:
+    """A handle to ops given as source strings (written once into the cache)."""
+    check_name(name)
+    cpp = _as_text(cpp_sources, "cpp_sources")
+    cuda = _as_text(cuda_sources, "cuda_sources")
+    if not cpp.strip() and not cuda.strip():
+        raise KloadError("kload: load_inline() needs cpp_sources or cuda_sources")
+    files = {}
+    if cpp.strip():
+        files[f"{name}.cpp"] = _default_include(cpp)
+    if cuda.strip():
+        files[f"{name}_cuda.cu"] = _default_include(cuda)
+    h = hashlib.sha256()
+    for fname, text in sorted(files.items()):
+        h.update(fname.encode() + b"\0" + text.encode() + b"\0")
+    folder = knobs.cache_dir() / "inline" / f"{name}-{h.hexdigest()[:16]}"
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    paths = []
+    for fname, text in files.items():
+        path = folder / fname
+        if not path.exists() or path.read_text() != text:
+            tmp = path.with_name(f".{fname}.{os.getpid()}.tmp")
+            tmp.write_text(text)
+            os.replace(tmp, path)
+        paths.append(path)
+    return load(*paths, name=name, **options)

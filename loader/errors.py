@@ -1,0 +1,109 @@
+"""kload's exceptions, and the compiler-output digest a CompileError carries."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+
+class KloadError(RuntimeError):
+    """Anything kload refuses to do, with a message that says why."""
+
+
+class CompileError(KloadError):
+    """A build failed. ``str(e)`` is the first compiler errors, ``e.log_path`` the full log."""
+
+    def __init__(self, name: str, diagnostics: list[Diagnostic], log_path: Path, raw: str):
+        self.name = name
+        self.diagnostics = diagnostics
+        self.log_path = log_path
+        self.raw = raw
+        super().__init__(format_compile_error(name, diagnostics, log_path, raw))
+
+
+@dataclass
+class Diagnostic:
+    file: str
+    line: int | None
+    column: int | None
+    message: str
+    source_line: str | None = None
+
+    def location(self) -> str:
+        where = self.file
+        if self.line is not None:
+            where += f":{self.line}"
+            if self.column is not None:
+                where += f":{self.column}"
+        return where
+
+
+# gcc/clang:  path:12:5: error: message      (also "fatal error:")
+_GCC = re.compile(r"^(?P<file>[^\s:][^:]*):(?P<line>\d+):(?:(?P<col>\d+):)?\s*(?:fatal\s+)?error:\s*(?P<msg>.*)$")
+# nvcc/cudafe: path(12): error: message
+_NVCC = re.compile(r"^(?P<file>[^\s(][^(]*)\((?P<line>\d+)\):\s*(?:catastrophic\s+)?error:?\s*(?P<msg>.*)$")
+# the linker: anything that says "undefined reference" or "ld: ... error"
+_LINK = re.compile(r"(undefined reference to|ld(?:\.\w+)?: .*error|collect2: error)")
+
+MAX_DIAGNOSTICS = 5
+
+
+def parse_diagnostics(output: str, line_map=None) -> list[Diagnostic]:
+    """The compiler's errors, first first, each with the offending source line.
+
+    ``line_map(file, line) -> (file, line)`` lets a caller translate locations
+    (the notebook magic maps generated files back to cell lines).
+    """
+    found: list[Diagnostic] = []
+    seen = set()
+    for raw_line in output.splitlines():
+        text = raw_line.rstrip()
+        m = _GCC.match(text) or _NVCC.match(text)
+        if m:
+            file, line = m["file"].strip(), int(m["line"])
+            col = int(m["col"]) if m.groupdict().get("col") else None
+            if line_map is not None:
+                file, line = line_map(file, line)
+            d = Diagnostic(file, line, col, m["msg"].strip())
+        elif _LINK.search(text):
+            d = Diagnostic("linker", None, None, text.strip())
+        else:
+            continue
+        ident = (d.file, d.line, d.message)
+        if ident in seen:
+            continue
+        seen.add(ident)
+        d.source_line = _read_line(d.file, d.line)
+        found.append(d)
+    return found
+
+
+def _read_line(file: str, line: int | None) -> str | None:
+    if line is None:
+        return None
+    try:
+        with open(file, encoding="utf-8", errors="replace") as f:
+            for i, text in enumerate(f, 1):
+                if i == line:
+                    return text.rstrip("\n")
+    except OSError:
+        return None
+    return None
+
+
+def format_compile_error(name: str, diagnostics: list[Diagnostic], log_path: Path, raw: str) -> str:
+    lines = [f"building {name!r} failed"]
+    if diagnostics:
+        shown = diagnostics[:MAX_DIAGNOSTICS]
+        for d in shown:
+            lines.append(f"  {d.location()}: error: {d.message}")
+            if d.source_line is not None:
+                lines.append(f"    {d.line:>5} | {d.source_line.strip()}")
+        if len(diagnostics) > len(shown):
+            lines.append(f"  ... and {len(diagnostics) - len(shown)} more")
+    else:
+        # No recognisable diagnostic: the tail of the output is the best clue.
+        tail = [t for t in raw.strip().splitlines() if t.strip()][-15:]
+        lines += ["  " + t for t in tail]
+    lines.append(f"full log: {log_path}")
+    return "\n".join(lines)

@@ -1,0 +1,64 @@
+"""Every environment variable kload reads, in one place (README lists them all).
+
+Each knob is read when it is used, not at import, so a test or a notebook can
+change it with ``os.environ`` and see the effect at the next build.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def _flag(name: str, default: bool = False) -> bool:
+    value = os.environ.get(name)
+    if value is None or value.strip() == "":
+        return default
+    return value.strip().lower() not in ("0", "false", "no", "off")
+
+
+def cache_dir() -> Path:
+    """``KLOAD_CACHE_DIR``, else ``$XDG_CACHE_HOME/kload``, else ``~/.cache/kload``."""
+    explicit = os.environ.get("KLOAD_CACHE_DIR")
+    if explicit:
+        return Path(explicit).expanduser().absolute()
+    from platformdirs import user_cache_dir  # the XDG rules, done right
+
+    return Path(user_cache_dir("kload", appauthor=False)).absolute()
+
+
+def verbose() -> bool | None:
+    """``KLOAD_VERBOSE``: 1 forces progress output, 0 silences it (log records only);
+    unset means: show progress when stderr is a terminal or in a notebook."""
+    value = os.environ.get("KLOAD_VERBOSE")
+    if value is None or value.strip() == "":
+        return None
+    return _flag("KLOAD_VERBOSE")
+
+
+def debug() -> bool:
+    """``KLOAD_DEBUG=1``: build every library with -g -O0 (CUDA: -G) into entries of its own."""
+    return _flag("KLOAD_DEBUG")
+
+
+def max_jobs() -> str | None:
+    """``MAX_JOBS``: parallel compile jobs (read by torch.utils.cpp_extension)."""
+    return os.environ.get("MAX_JOBS")
+
+
+# Environment variables that reach a compile and so belong in the cache key.
+# (Compilers read CPATH & co. themselves; nvcc reads NVCC_*_FLAGS.)
+KEYED_ENV = (
+    "CXX",
+    "CC",
+    "CUDA_HOME",
+    "CUDA_PATH",
+    "ROCM_HOME",
+    "TORCH_CUDA_ARCH_LIST",
+    "NVCC_PREPEND_FLAGS",
+    "NVCC_APPEND_FLAGS",
+    "CPATH",
+    "C_INCLUDE_PATH",
+    "CPLUS_INCLUDE_PATH",
+    "LIBRARY_PATH",
+    "_GLIBCXX_USE_CXX11_ABI",
+)

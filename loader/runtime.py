@@ -1,0 +1,150 @@
+"""Loading a cache entry into this process, once per artifact.
+
+Op libraries and TORCH_LIBRARY code load with ``torch.ops.load_library``; pybind11
+modules through an ``ExtensionFileLoader`` on the entry's own path (never put in
+``sys.modules``), so a newer build of the same module name loads beside the old.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, field
+from importlib.machinery import ExtensionFileLoader
+from importlib.util import module_from_spec, spec_from_file_location
+from types import ModuleType
+
+from kload.cache.store import Entry
+
+from .errors import KloadError
+
+log = logging.getLogger("kload")
+
+_lock = threading.RLock()
+_loaded: dict[str, "Loaded"] = {}          # artifact path -> what it registered
+_fixed_owner: dict[str, str] = {}          # TORCH_LIBRARY namespace -> key of the build that owns it
+
+
+@dataclass
+class Loaded:
+    entry: Entry
+    module: ModuleType | None
+    namespaces: list[str]
+    _keepalive: list = field(default_factory=list)
+
+    def op_names(self) -> list[str]:
+        names: set[str] = set()
+        for ns in self.namespaces:
+            names.update(ops_in_namespace(ns))
+        return sorted(names)
+
+    def names(self) -> list[str]:
+        names = set(self.op_names())
+        if self.module is not None:
+            names.update(n for n in vars(self.module) if not n.startswith("_"))
+        return sorted(names)
+
+    def resolve(self, attr: str):
+        if self.module is not None and not attr.startswith("_") and hasattr(self.module, attr):
+            return getattr(self.module, attr)
+        import torch
+
+        for ns in self.namespaces:
+            if attr in ops_in_namespace(ns):
+                return getattr(getattr(torch.ops, ns), attr)
+        return None
+
+
+def ops_in_namespace(ns: str) -> set[str]:
+    import torch
+
+    prefix = ns + "::"
+    try:
+        all_names = torch._C._dispatch_get_all_op_names()
+    except AttributeError:  # older torch
+        all_names = [s.name for s in torch._C._jit_get_all_schemas()]
+    return {n[len(prefix):].split(".", 1)[0] for n in all_names if n.startswith(prefix)}
+
+
+def check_fixed_namespaces(name: str, namespaces: list[str], key: str | None) -> None:
+    """Refuse to load a TORCH_LIBRARY namespace that this process already has.
+
+    PyTorch aborts the whole process when a second library registers a
+    namespace; this turns that into an exception before anything is loaded.
+    """
+    for ns in namespaces:
+        owner = _fixed_owner.get(ns)
+        if owner is not None and owner == key:
+            continue
+        if owner is not None or ops_in_namespace(ns):
+            raise KloadError(
+                f"kload: {name!r} registers TORCH_LIBRARY({ns}, ...), and this process already has "
+                f"operators in namespace {ns!r}"
+                + (" from an earlier build of it" if owner else "")
+                + ". PyTorch registers a namespace once per process, so this build cannot be loaded "
+                "here: restart the process (the new build is then a cache hit), or register with "
+                "KLOAD_LIBRARY(m) so that kload gives every build its own namespace."
+            )
+
+
+def claim_fixed_namespaces(namespaces: list[str], key: str) -> None:
+    for ns in namespaces:
+        _fixed_owner[ns] = key
+
+
+def load_entry(entry: Entry, *, just_built: bool = False) -> Loaded:
+    path = str(entry.artifact)
+    with _lock:
+        done = _loaded.get(path)
+        if done is not None:
+            return done
+        m = entry.manifest
+        fixed = list(m.get("fixed_namespaces") or [])
+        if not just_built:
+            check_fixed_namespaces(m["name"], fixed, entry.key)
+        import torch
+
+        module = None
+        try:
+            if m.get("python_module"):
+                spec = spec_from_file_location(m["name"], path, loader=ExtensionFileLoader(m["name"], path))
+                module = module_from_spec(spec)
+                spec.loader.exec_module(module)
+            else:
+                torch.ops.load_library(path)
+        except (OSError, ImportError) as e:
+            cause = e.__cause__ or e
+            hint = f" (its CUDA sources were not built: {m['cuda_skipped']})" if m.get("cuda_skipped") else ""
+            raise KloadError(f"kload: cannot load {path}: {cause}{hint}") from None
+        claim_fixed_namespaces(fixed, entry.key)
+        namespaces = ([m["namespace"]] if m.get("namespace") else []) + fixed
+        loaded = Loaded(entry, module, namespaces)
+        if m.get("cuda_skipped"):
+            loaded._keepalive.append(_register_cuda_stubs(loaded, m["name"], m["cuda_skipped"]))
+        _loaded[path] = loaded
+        return loaded
+
+
+def _register_cuda_stubs(loaded: Loaded, name: str, reason: str):
+    """Give each op without a CUDA kernel one that says why it has none."""
+    import torch
+
+    libs = []
+    for ns in loaded.namespaces:
+        lib = None
+        for op in sorted(ops_in_namespace(ns)):
+            qual = f"{ns}::{op}"
+            if any(torch._C._dispatch_has_kernel_for_dispatch_key(qual, k)
+                   for k in ("CUDA", "CompositeImplicitAutograd", "CompositeExplicitAutograd")):
+                continue
+            if lib is None:
+                lib = torch.library.Library(ns, "IMPL")
+                libs.append(lib)
+
+            def _no_cuda(*args, _op=op, **kwargs):
+                raise KloadError(
+                    f"kload: {name}.{_op} was called with CUDA tensors, but {name!r} was built without "
+                    f"its CUDA sources: {reason}"
+                )
+
+            lib.impl(op, _no_cuda, "CUDA")
+    return libs

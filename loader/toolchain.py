@@ -1,0 +1,112 @@
+"""Identity of everything outside the sources that shapes a binary.
+
+Cheap on purpose: a cache hit must run no subprocess, so a compiler's version is
+remembered in the cache directory, keyed by the compiler file's path, size and mtime.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+from functools import lru_cache
+from pathlib import Path
+
+from . import knobs
+from .errors import KloadError
+from kload.cache.store import read_json, write_json_atomic
+
+
+def cxx_command() -> str:
+    """The C++ compiler torch.utils.cpp_extension will run."""
+    return os.environ.get("CXX", "c++")
+
+
+@lru_cache(maxsize=None)
+def torch_identity() -> dict:
+    import torch
+
+    return {
+        "version": torch.__version__,
+        "git": getattr(torch.version, "git_version", None),
+        "cuda": torch.version.cuda,
+        "hip": getattr(torch.version, "hip", None),
+        "debug": bool(getattr(torch.version, "debug", False)),
+        "cxx11_abi": bool(torch._C._GLIBCXX_USE_CXX11_ABI),
+    }
+
+
+@lru_cache(maxsize=None)
+def python_identity() -> dict:
+    return {
+        "cache_tag": sys.implementation.cache_tag,
+        "ext_suffix": sysconfig.get_config_var("EXT_SUFFIX"),
+        "abiflags": getattr(sys, "abiflags", ""),
+    }
+
+
+def keyed_environment() -> dict:
+    return {k: os.environ[k] for k in knobs.KEYED_ENV if k in os.environ}
+
+
+def find_cuda_home() -> str | None:
+    """Where nvcc lives, found the way torch.utils.cpp_extension finds it."""
+    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    if home:
+        return home
+    nvcc = shutil.which("nvcc")
+    if nvcc:
+        return str(Path(nvcc).resolve().parent.parent)
+    return "/usr/local/cuda" if Path("/usr/local/cuda/bin/nvcc").exists() else None
+
+
+def cuda_unavailable_reason() -> str | None:
+    """Why .cu sources cannot be built here, or None when they can."""
+    ident = torch_identity()
+    if ident["cuda"] is None:
+        return f"the installed torch {ident['version']} is built without CUDA"
+    home = find_cuda_home()
+    if home is None or not Path(home, "bin", "nvcc").exists():
+        return "nvcc was not found (set CUDA_HOME or put nvcc on PATH)"
+    return None
+
+
+def cuda_arch_list() -> str:
+    """The GPU architectures a CUDA build targets (part of the key)."""
+    explicit = os.environ.get("TORCH_CUDA_ARCH_LIST")
+    if explicit:
+        return explicit
+    import torch
+
+    if torch.cuda.is_available():
+        caps = sorted({torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())})
+        return "detected:" + ";".join(f"{a}.{b}" for a, b in caps)
+    return "torch-default"
+
+
+def compiler_identity(command: str, cache_root: Path) -> dict:
+    """``{"path", "version"}`` of a compiler, from a stat-keyed memo when possible."""
+    path = shutil.which(command)
+    if path is None:
+        raise KloadError(f"kload: compiler {command!r} not found on PATH (set CXX to a C++ compiler)")
+    real = os.path.realpath(path)
+    st = os.stat(real)
+    stamp = f"{real}|{st.st_size}|{st.st_mtime_ns}"
+    memo_file = cache_root / "toolchain.json"
+    memo = read_json(memo_file) or {}
+    version = memo.get(stamp)
+    if version is None:
+        try:
+            proc = subprocess.run([real, "--version"], capture_output=True, text=True, timeout=60)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            raise KloadError(f"kload: could not run {real} --version: {e}") from e
+        lines = [t for t in (proc.stdout or proc.stderr).splitlines() if t.strip()]
+        # gcc/clang name themselves on line 1; nvcc says "release X.Y" further down
+        version = " | ".join(lines[:1] + [t for t in lines[1:] if "release" in t.lower()]) or "unknown"
+        memo[stamp] = version
+        try:
+            write_json_atomic(memo_file, memo)
+        except OSError:
+            pass  # the memo only saves a subprocess next time
+    return {"command": command, "path": real, "version": version}
