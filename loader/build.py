@@ -65,21 +65,21 @@ def default_name(path: Path) -> str:
     return stem if _IDENT.fullmatch(stem) else f"_{stem}"
 
 
-def _flag_list(value, what: str) -> list[str]:
+def _flag_list(value, what: str, kinds=(str,)) -> list:
     if value is None:
         return []
-    if isinstance(value, str):
-        raise TypeError(f"kload: {what} must be a list of strings, got the string {value!r} (wrap it in a list)")
+    if isinstance(value, (str, os.PathLike)):
+        raise TypeError(f"kload: {what} must be a list of strings, got {value!r} (wrap it in a list)")
     out = list(value)
     for v in out:
-        if not isinstance(v, str):
+        if not isinstance(v, kinds):
             raise TypeError(f"kload: {what} must contain strings, got {type(v).__name__}: {v!r}")
     return out
 
 
 def make_options(name, paths, extra_cflags, extra_cuda_cflags, extra_ldflags, extra_include_paths,
                  verbose, debug) -> Options:
-    incs = [str(Path(p).expanduser().absolute()) for p in _flag_list(extra_include_paths, "extra_include_paths")]
+    incs = [str(Path(p).expanduser().absolute()) for p in _flag_list(extra_include_paths, "extra_include_paths", (str, os.PathLike))]
     for inc in incs:
         if not Path(inc).is_dir():
             raise FileNotFoundError(f"kload: include directory not found: {inc}")
@@ -104,6 +104,7 @@ class Plan:
     cuda_skipped: str | None          # why .cu sources are not built, or None
     cflags: list[str]
     cuda_cflags: list[str]
+    ldflags: list[str]
     inputs: dict
     skey: str
 
@@ -127,6 +128,9 @@ def plan(opts: Options, store: Store) -> Plan:
         log.warning("kload: building %r for the CPU only: %s", opts.name, reason)
 
     cflags, cuda_cflags = list(opts.cflags), list(opts.cuda_cflags)
+    # Bind each library's calls to its own functions: a process that loaded an
+    # older build of the same code must not serve the newer build's calls.
+    ldflags = list(opts.ldflags) + ["-Wl,-Bsymbolic-functions"]
     if opts.debug:
         cflags += ["-g", "-O0"]
         cuda_cflags += ["-g", "-G", "-O0"]
@@ -142,7 +146,7 @@ def plan(opts: Options, store: Store) -> Plan:
         "sources": [{"path": str(s.path), "sha256": s.sha256} for s in built],
         "cflags": cflags,
         "cuda_cflags": cuda_cflags if with_cuda else [],
-        "ldflags": opts.ldflags,
+        "ldflags": ldflags,
         "include_paths": opts.include_paths,
         "kload_include": str(include_dir()),
         "with_cuda": with_cuda,
@@ -155,7 +159,7 @@ def plan(opts: Options, store: Store) -> Plan:
         inputs["nvcc"] = toolchain.compiler_identity(
             str(Path(toolchain.find_cuda_home(), "bin", "nvcc")), store.root)
         inputs["cuda_arch"] = toolchain.cuda_arch_list()
-    return Plan(opts, sset, [s.path for s in built], with_cuda, reason, cflags, cuda_cflags,
+    return Plan(opts, sset, [s.path for s in built], with_cuda, reason, cflags, cuda_cflags, ldflags,
                 inputs, source_key(inputs))
 
 
@@ -299,7 +303,7 @@ def _run_torch_build(plan_: Plan, ws: Path, sources: list[str]) -> None:
             sources=sources,
             extra_cflags=plan_.cflags,
             extra_cuda_cflags=plan_.cuda_cflags,
-            extra_ldflags=plan_.opts.ldflags,
+            extra_ldflags=plan_.ldflags,
             extra_include_paths=[str(include_dir())] + plan_.opts.include_paths,
             build_directory=str(ws),
             verbose=plan_.opts.verbose,

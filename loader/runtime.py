@@ -106,7 +106,11 @@ def load_entry(entry: Entry, *, just_built: bool = False) -> Loaded:
         module = None
         try:
             if m.get("python_module"):
-                spec = spec_from_file_location(m["name"], path, loader=ExtensionFileLoader(m["name"], path))
+                # A dotted name unique to this build: Python still calls PyInit_<name>
+                # (the last component), and pybind11, which caches modules by their
+                # full name, initializes each build's module on its own.
+                qual = f"_kload_{entry.key[:16]}.{m['name']}"
+                spec = spec_from_file_location(qual, path, loader=ExtensionFileLoader(qual, path))
                 module = module_from_spec(spec)
                 spec.loader.exec_module(module)
             else:

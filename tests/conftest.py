@@ -1,0 +1,98 @@
+"""Shared fixtures: a private cache for the whole session, subprocess runners, a
+counting compiler wrapper. Everything compiles for real."""
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SEEDS = ROOT / "tests" / "data"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def kload_cache(tmp_path_factory):
+    """One cache for the session: tests share compiled artifacts, CI starts cold."""
+    cache = tmp_path_factory.mktemp("kload-cache")
+    old = os.environ.get("KLOAD_CACHE_DIR")
+    os.environ["KLOAD_CACHE_DIR"] = str(cache)
+    os.environ.setdefault("MAX_JOBS", "2")
+    yield cache
+    if old is None:
+        os.environ.pop("KLOAD_CACHE_DIR", None)
+    else:
+        os.environ["KLOAD_CACHE_DIR"] = old
+
+
+@pytest.fixture(scope="session")
+def cxx_wrapper(tmp_path_factory):
+    """A ``CXX`` that logs each invocation, then runs the real compiler."""
+    d = tmp_path_factory.mktemp("cxx")
+    log = d / "calls.log"
+    script = d / "counting-c++"
+    script.write_text(f'#!/bin/sh\necho "$*" >> "{log}"\nexec c++ "$@"\n')
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    return script, log
+
+
+def compiles(log: Path, needle: str = "") -> int:
+    """How many compile (-c) invocations the wrapper logged, optionally of one file."""
+    if not log.exists():
+        return 0
+    return sum(1 for line in log.read_text().splitlines() if " -c " in f" {line} " and needle in line)
+
+
+def invocations(log: Path) -> int:
+    return len(log.read_text().splitlines()) if log.exists() else 0
+
+
+def run_py(code: str, env: dict | None = None, cwd=None, timeout=600) -> dict:
+    """Run ``code`` in a fresh interpreter; it prints one JSON object as its last line."""
+    full_env = dict(os.environ)
+    full_env.update(env or {})
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                          env=full_env, cwd=cwd, timeout=timeout)
+    if proc.returncode != 0:
+        raise AssertionError(f"subprocess failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+VECTOR_ADD = """\
+    #include <kload/kernel.h>
+    #include "scale.h"
+
+    at::Tensor vector_add(const at::Tensor& a, const at::Tensor& b) {
+      CHECK_INPUT(a);
+      CHECK_INPUT(b);
+      TORCH_CHECK(a.sizes() == b.sizes(), "vector_add: shapes differ: ", a.sizes(), " vs ", b.sizes());
+      auto out = at::empty_like(a);
+      const float* pa = a.data_ptr<float>();
+      const float* pb = b.data_ptr<float>();
+      float* po = out.data_ptr<float>();
+      for (int64_t i = 0; i < a.numel(); ++i) po[i] = SCALE * (pa[i] + pb[i]);
+      return out;
+    }
+
+    KLOAD_LIBRARY(m) { m.def("vector_add(Tensor a, Tensor b) -> Tensor"); }
+    KLOAD_IMPL(CPU, m) { m.impl("vector_add", &vector_add); }
+"""
+
+
+@pytest.fixture
+def vadd_dir(tmp_path):
+    """A fresh op-library source tree: vadd.cpp including a local header scale.h."""
+    write(tmp_path / "scale.h", "#define SCALE 1.0f\n")
+    write(tmp_path / "vadd.cpp", VECTOR_ADD)
+    return tmp_path

@@ -1,0 +1,346 @@
+"""The loader core: lazy builds, the content-hashed cache, binding styles, errors.
+
+Every build here is a real compile through torch.utils.cpp_extension; compiler
+invocations are counted with a CXX wrapper, never mocked.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+import kload
+from kload.cache.store import Store
+
+from conftest import SEEDS, VECTOR_ADD, compiles, invocations, run_py, write
+
+
+def entries(cache: Path) -> set[str]:
+    d = cache / "entries"
+    return {p.name for p in d.iterdir() if not p.name.startswith(".")} if d.exists() else set()
+
+
+# -- laziness, hits, keys ------------------------------------------------------------
+
+def test_load_is_lazy_and_first_use_compiles(vadd_dir, kload_cache):
+    before = entries(kload_cache)
+    ops = kload.load(vadd_dir / "vadd.cpp")
+    assert entries(kload_cache) == before, "load() must not compile"
+    a, b = torch.arange(5.0), torch.full((5,), 2.0)
+    torch.testing.assert_close(ops.vector_add(a, b), a + b)
+    assert len(entries(kload_cache) - before) == 1
+    # the handle's op is the dispatcher op itself
+    assert ops.vector_add is getattr(torch.ops, ops.namespace).vector_add
+    assert "vector_add" in repr(ops)
+
+
+HIT_PROBE = """
+    import json, subprocess, sys, time, torch
+    real_popen = subprocess.Popen.__init__
+    def no_subprocess(self, *a, **k):
+        raise AssertionError(f"a cache hit ran a subprocess: {{a}}")
+    subprocess.Popen.__init__ = no_subprocess
+    import kload
+    ops = kload.load({src!r})
+    out = ops.vector_add(torch.ones(3), torch.ones(3))
+    print(json.dumps({{"out": out.tolist(), "path": ops.build(),
+                      "cpp_extension_imported": "torch.utils.cpp_extension" in sys.modules}}))
+"""
+
+
+def test_fresh_process_hit_runs_no_compiler(vadd_dir, cxx_wrapper, tmp_path):
+    cxx, log = cxx_wrapper
+    src = str(vadd_dir / "vadd.cpp")
+    env = {"CXX": str(cxx)}
+    cold = run_py(HIT_PROBE.replace("no_subprocess\n", "real_popen\n").format(src=src), env=env)
+    assert compiles(log, "vadd.cpp") == 1
+    calls = invocations(log)
+    # a different working directory, a fresh process: the same entry, zero compiler runs
+    warm = run_py(HIT_PROBE.format(src=src), env=env, cwd=tmp_path)
+    assert invocations(log) == calls
+    assert warm["out"] == [2.0, 2.0, 2.0]
+    assert warm["path"] == cold["path"]
+    assert warm["cpp_extension_imported"] is False
+
+
+def test_header_edit_rebuilds_and_revert_finds_old_entry(vadd_dir, cxx_wrapper):
+    cxx, log = cxx_wrapper
+    src = str(vadd_dir / "vadd.cpp")
+    env = {"CXX": str(cxx)}
+    probe = """
+        import json, torch, kload
+        ops = kload.load({src!r})
+        print(json.dumps({{"out": ops.vector_add(torch.ones(2), torch.ones(2)).tolist(), "path": ops.build()}}))
+    """.format(src=src)
+    first = run_py(probe, env=env)
+    n = compiles(log, "vadd.cpp")
+    (vadd_dir / "scale.h").write_text("#define SCALE 10.0f\n")
+    edited = run_py(probe, env=env)
+    assert edited["out"] == [20.0, 20.0], "a header edit must reach the binary"
+    assert compiles(log, "vadd.cpp") == n + 1
+    assert edited["path"] != first["path"]
+    (vadd_dir / "scale.h").write_text("#define SCALE 1.0f\n")
+    reverted = run_py(probe, env=env)
+    assert reverted == first, "reverting the edit finds the earlier entry"
+    assert compiles(log, "vadd.cpp") == n + 1, "and compiles nothing"
+
+
+def test_flag_change_is_a_different_entry(vadd_dir):
+    a = kload.load(vadd_dir / "vadd.cpp")
+    b = kload.load(vadd_dir / "vadd.cpp", extra_cflags=["-O2"])
+    assert a.build() != b.build()
+    assert Path(a.build()).parent.name != Path(b.build()).parent.name
+    torch.testing.assert_close(b.vector_add(torch.ones(3), torch.ones(3)), torch.full((3,), 2.0))
+
+
+def test_key_covers_toolchain_and_environment(vadd_dir, kload_cache, monkeypatch):
+    from kload.build import plan
+    from kload.handle import Options
+
+    store = Store(kload_cache)
+    opts = Options(name="vadd", paths=[vadd_dir / "vadd.cpp"])
+    base = plan(opts, store)
+    for key in ("torch", "python", "cxx", "env", "cflags", "include_paths", "sources", "style"):
+        assert key in base.inputs
+    assert base.inputs["torch"]["version"] == torch.__version__
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "9.0")
+    assert plan(opts, store).skey != base.skey
+    monkeypatch.delenv("TORCH_CUDA_ARCH_LIST")
+    assert plan(opts, store).skey == base.skey
+
+
+def test_cache_location_rules(monkeypatch, tmp_path):
+    from kload import knobs
+
+    monkeypatch.delenv("KLOAD_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert knobs.cache_dir() == tmp_path / "xdg" / "kload"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert knobs.cache_dir() == tmp_path / "home" / ".cache" / "kload"
+    monkeypatch.setenv("KLOAD_CACHE_DIR", str(tmp_path / "mine"))
+    assert knobs.cache_dir() == tmp_path / "mine"
+    Store(knobs.cache_dir()).prepare()
+    assert (tmp_path / "mine").stat().st_mode & 0o777 == 0o700
+
+
+# -- errors ------------------------------------------------------------------------
+
+def test_compile_error_is_short_caches_nothing_and_fix_compiles(tmp_path, kload_cache):
+    src = write(tmp_path / "broken.cpp", VECTOR_ADD.replace("po[i] = SCALE", "po[i] = SCALE * undefined_thing"))
+    write(tmp_path / "scale.h", "#define SCALE 1.0f\n")
+    before = entries(kload_cache)
+    ops = kload.load(src)
+    with pytest.raises(kload.CompileError) as info:
+        ops.vector_add
+    message = str(info.value)
+    lineno = VECTOR_ADD.splitlines().index(
+        next(l for l in VECTOR_ADD.splitlines() if "po[i] = SCALE" in l)) + 1
+    assert f"broken.cpp:{lineno}:" in message
+    assert "undefined_thing" in message and "was not declared" in message
+    assert "full log:" in message and info.value.log_path.exists()
+    assert len(message.splitlines()) <= 12
+    assert entries(kload_cache) == before, "a failed build leaves no entry"
+    write(src, VECTOR_ADD)
+    fixed = kload.load(src)
+    torch.testing.assert_close(fixed.vector_add(torch.ones(2), torch.ones(2)), torch.full((2,), 2.0))
+
+
+def test_bad_arguments_are_clear(tmp_path, vadd_dir):
+    with pytest.raises(FileNotFoundError, match="nope.cpp"):
+        kload.load(tmp_path / "nope.cpp")
+    write(tmp_path / "x.py", "")
+    with pytest.raises(kload.KloadError, match="unsupported source type '.py'"):
+        kload.load(tmp_path / "x.py")
+    with pytest.raises(ValueError, match="C identifier"):
+        kload.load(vadd_dir / "vadd.cpp", name="my-ops")
+    with pytest.raises(TypeError, match="list of strings"):
+        kload.load(vadd_dir / "vadd.cpp", extra_cflags="-O3")
+    with pytest.raises(FileNotFoundError, match="include directory"):
+        kload.load(vadd_dir / "vadd.cpp", extra_include_paths=[tmp_path / "missing"])
+    with pytest.raises(kload.KloadError, match="at least one source"):
+        kload.load()
+    write(tmp_path / "nobind.cpp", "int f() { return 1; }\n")
+    with pytest.raises(kload.KloadError, match="no bindings found"):
+        kload.load(tmp_path / "nobind.cpp").f
+
+
+def test_unknown_op_lists_what_exists(vadd_dir):
+    ops = kload.load(vadd_dir / "vadd.cpp")
+    with pytest.raises(AttributeError, match=r"has no op or function 'vector_mul'.*vector_add"):
+        ops.vector_mul
+
+
+def test_op_checks_raise_python_errors(vadd_dir):
+    ops = kload.load(vadd_dir / "vadd.cpp")
+    with pytest.raises(RuntimeError, match="shapes differ"):
+        ops.vector_add(torch.ones(3), torch.ones(4))
+    with pytest.raises(RuntimeError, match="must be contiguous"):
+        ops.vector_add(torch.ones(4, 4).t(), torch.ones(4, 4))
+
+
+# -- binding styles ------------------------------------------------------------------
+
+def test_tutorial_pybind_code_runs_as_written(tmp_path):
+    """Section 3.2 of the tutorial: torch/extension.h, PYBIND11_MODULE, undefined CHECK_INPUT."""
+    src = tmp_path / "my_ops.cpp"
+    src.write_text((SEEDS / "tutorial_my_ops.cpp").read_text())
+    ext = kload.load(src)
+    a, b = torch.randn(17), torch.randn(17)
+    torch.testing.assert_close(ext.vector_add(a, b), a + b)
+    assert ext.module is not None and ext.names() == ["vector_add"]
+    with pytest.raises(RuntimeError, match="must be contiguous"):
+        ext.vector_add(torch.ones(3, 3).t(), torch.ones(3, 3))
+
+
+def test_plain_torch_library_loads_and_refuses_rebuild_in_process(tmp_path):
+    code = """\
+        #include <torch/library.h>
+        #include <ATen/ops/mul.h>
+        at::Tensor twice(const at::Tensor& x) { return at::mul(x, %s); }
+        TORCH_LIBRARY(kload_test_fixed, m) { m.def("twice(Tensor x) -> Tensor"); }
+        TORCH_LIBRARY_IMPL(kload_test_fixed, CPU, m) { m.impl("twice", &twice); }
+    """
+    src = write(tmp_path / "fixed.cpp", code % "2")
+    ops = kload.load(src)
+    torch.testing.assert_close(ops.twice(torch.ones(2)), torch.full((2,), 2.0))
+    assert ops.twice is torch.ops.kload_test_fixed.twice
+    # the same build again: fine (memoized)
+    assert kload.load(src).twice(torch.ones(1)).item() == 2.0
+    write(src, code % "3")
+    with pytest.raises(kload.KloadError, match="registers TORCH_LIBRARY.*restart the process"):
+        kload.load(src).twice
+    # the process is alive and the loaded build still works
+    assert ops.twice(torch.ones(1)).item() == 2.0
+    # a fresh process gets the new build
+    out = run_py(f"""
+        import json, torch, kload
+        print(json.dumps(kload.load({str(src)!r}).twice(torch.ones(1)).tolist()))
+    """)
+    assert out == [3.0]
+
+
+def test_several_translation_units_share_one_library(tmp_path):
+    write(tmp_path / "defs.cpp", """\
+        #include <kload/kernel.h>
+        KLOAD_LIBRARY(m) {
+          m.def("neg(Tensor x) -> Tensor");
+          m.def("plus_one(Tensor x) -> Tensor");
+        }
+    """)
+    write(tmp_path / "neg.cpp", """\
+        #include <kload/kernel.h>
+        #include <ATen/ops/neg.h>
+        static at::Tensor neg_cpu(const at::Tensor& x) { return at::neg(x); }
+        KLOAD_IMPL(CPU, m) { m.impl("neg", &neg_cpu); }
+    """)
+    write(tmp_path / "plus.cpp", """\
+        #include <kload/kernel.h>
+        #include <ATen/ops/add.h>
+        static at::Tensor plus_cpu(const at::Tensor& x) { return at::add(x, 1); }
+        KLOAD_IMPL(CPU, m) { m.impl("plus_one", &plus_cpu); }
+    """)
+    ops = kload.load(tmp_path / "defs.cpp", tmp_path / "neg.cpp", tmp_path / "plus.cpp", name="multi")
+    x = torch.arange(3.0)
+    torch.testing.assert_close(ops.neg(x), -x)
+    torch.testing.assert_close(ops.plus_one(x), x + 1)
+    assert ops.names() == ["neg", "plus_one"]
+
+
+def test_load_inline_same_entry_from_anywhere(tmp_path):
+    src = VECTOR_ADD.replace('#include "scale.h"', "#define SCALE 1.0f")
+    src = textwrap.dedent(src)
+    ops = kload.load_inline(name="inline_vadd", cpp_sources=src)
+    torch.testing.assert_close(ops.vector_add(torch.ones(2), torch.ones(2)), torch.full((2,), 2.0))
+    out = run_py(f"""
+        import json, kload
+        print(json.dumps(kload.load_inline(name="inline_vadd", cpp_sources={src!r}).build()))
+    """, cwd=tmp_path)
+    assert out == ops.build()
+
+
+def test_cuda_sources_without_cuda_build_cpu_part(tmp_path, caplog):
+    if torch.version.cuda is not None:
+        pytest.skip("this torch has CUDA: the .cu is built, covered by benchmarks/gpu.sh")
+    write(tmp_path / "scale.h", "#define SCALE 1.0f\n")
+    write(tmp_path / "dual.cpp", VECTOR_ADD)
+    write(tmp_path / "dual_cuda.cu", """\
+        #include <kload/kernel.h>
+        __global__ void k(float* x) { x[threadIdx.x] = 0; }
+        at::Tensor vector_add_cuda(const at::Tensor& a, const at::Tensor& b) { return a; }
+        KLOAD_IMPL(CUDA, m) { m.impl("vector_add", &vector_add_cuda); }
+    """)
+    ops = kload.load(tmp_path / "dual.cpp", tmp_path / "dual_cuda.cu")
+    with caplog.at_level("WARNING", logger="kload"):
+        torch.testing.assert_close(ops.vector_add(torch.ones(2), torch.ones(2)), torch.full((2,), 2.0))
+    assert any("CPU only" in r.message and "without CUDA" in r.message for r in caplog.records)
+    qual = f"{ops.namespace}::vector_add"
+    assert torch._C._dispatch_has_kernel_for_dispatch_key(qual, "CUDA"), "a CUDA kernel that explains"
+    manifest = json.loads((Path(ops.build()).parent / "manifest.json").read_text())
+    assert manifest["cuda_built"] is False and "without CUDA" in manifest["cuda_skipped"]
+
+
+# -- concurrency and reload -------------------------------------------------------------
+
+def test_two_processes_racing_on_a_cold_entry_compile_once(tmp_path, cxx_wrapper):
+    cxx, log = cxx_wrapper
+    write(tmp_path / "scale.h", "#define SCALE 3.0f\n")
+    src = write(tmp_path / "race.cpp", VECTOR_ADD)
+    code = textwrap.dedent(f"""
+        import json, torch, kload
+        ops = kload.load({str(src)!r})
+        print(json.dumps({{"out": ops.vector_add(torch.ones(2), torch.ones(2)).tolist(), "path": ops.build()}}))
+    """)
+    env = dict(os.environ, CXX=str(cxx))
+    procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, env=env) for _ in range(2)]
+    results = []
+    for p in procs:
+        out, err = p.communicate(timeout=600)
+        assert p.returncode == 0, err
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    assert results[0] == results[1] and results[0]["out"] == [6.0, 6.0]
+    assert compiles(log, "race.cpp") == 1
+
+
+def test_reload_op_library_in_one_process(vadd_dir):
+    src = vadd_dir / "vadd.cpp"
+    first = kload.load(src)
+    x = torch.ones(2)
+    assert first.vector_add(x, x).tolist() == [2.0, 2.0]
+    write(src, VECTOR_ADD.replace("SCALE * (pa[i] + pb[i])", "SCALE * (pa[i] - pb[i]) + 7"))
+    second = kload.load(src)
+    assert second.vector_add(x, x).tolist() == [7.0, 7.0]
+    assert second.namespace != first.namespace
+    assert first.vector_add(x, x).tolist() == [2.0, 2.0], "the old build keeps working"
+
+
+def test_reload_pybind_module_in_one_process(tmp_path):
+    code = """\
+        #include <pybind11/pybind11.h>
+        int answer() { return %d; }
+        PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("answer", &answer); }
+    """
+    src = write(tmp_path / "answer.cpp", code % 1)
+    assert kload.load(src).answer() == 1
+    write(src, code % 2)
+    assert kload.load(src).answer() == 2
+
+
+def test_kernel_header_stays_lean(tmp_path):
+    """<kload/kernel.h> must not pull in torch/extension.h or pybind11 (the 20-second include)."""
+    from torch.utils.cpp_extension import include_paths
+
+    from kload.build import include_dir
+
+    probe = write(tmp_path / "probe.cpp", "#include <kload/kernel.h>\n")
+    flags = ["-std=c++20", "-M", f"-I{include_dir()}"] + [f"-I{p}" for p in include_paths()]
+    deps = subprocess.run(["c++", *flags, str(probe)], capture_output=True, text=True, check=True).stdout
+    assert "torch/extension.h" not in deps and "pybind11" not in deps and "Python.h" not in deps
+    assert "torch/library.h" in deps
