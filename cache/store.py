@@ -13,10 +13,8 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 import time
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
 
 from .key import SCHEMA, file_sha256
@@ -54,10 +52,13 @@ def write_json_atomic(path: Path, obj) -> None:
         raise
 
 
-@dataclass(frozen=True)
 class Entry:
-    path: Path
-    manifest: dict
+    """A published build: its directory and its manifest."""
+
+    __slots__ = ("path", "manifest")
+
+    def __init__(self, path: Path, manifest: dict):
+        self.path, self.manifest = path, manifest
 
     @property
     def artifact(self) -> Path:
@@ -66,6 +67,11 @@ class Entry:
     @property
     def key(self) -> str:
         return self.manifest["key"]
+
+
+def _stat_stamp(path: Path) -> list:
+    st = os.stat(path)
+    return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
 
 
 class Store:
@@ -125,6 +131,8 @@ class Store:
             return f"{art.name} is missing"
         if size != entry.manifest.get("size"):
             return f"{art.name} has {size} bytes, the manifest says {entry.manifest.get('size')}"
+        if entry.manifest.get("stat") == _stat_stamp(art):
+            return None  # the very inode that was hashed at publish, unwritten since (ctime)
         if file_sha256(str(art)) != entry.manifest.get("sha256"):
             return f"{art.name} does not match the manifest's sha256"
         return None
@@ -141,6 +149,8 @@ class Store:
         if dest.exists():  # a half-published or damaged entry for this very key
             trash = self.entries / f".trash-{dest.name}-{uuid.uuid4().hex[:6]}"
             os.replace(dest, trash)
+            import shutil
+
             shutil.rmtree(trash, ignore_errors=True)
         dest.mkdir(mode=0o700)
         artifact = dest / built_artifact.name
@@ -156,6 +166,7 @@ class Store:
             artifact=artifact.name,
             size=artifact.stat().st_size,
             sha256=file_sha256(str(artifact)),
+            stat=_stat_stamp(artifact),
             created=time.time(),
         )
         write_json_atomic(dest / MANIFEST, full)

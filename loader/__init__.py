@@ -11,6 +11,7 @@ import logging
 
 from .api import load, load_inline
 from .errors import CompileError, KloadError
+from . import knobs
 from .handle import HISTORY, Handle
 
 __all__ = ["load", "load_inline", "Handle", "CompileError", "KloadError", "HISTORY", "kernels"]

@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 from . import knobs
-from .build import check_name, make_options
+from .plan import check_name, make_options
 from .errors import KloadError
 from .handle import Handle
 from .sources import resolve_paths

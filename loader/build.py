@@ -1,169 +1,30 @@
-"""From sources to a cache entry: plan (key inputs), lock, build with
-torch.utils.cpp_extension.load, read the header closure, publish.
-
-    plan()  -> Plan      hash sources, classify them, gather the key inputs
-    build() -> Entry     lookup -> lock -> lookup again -> compile -> publish
+"""From a plan to a published cache entry, on a miss: lock, look up again,
+compile with torch.utils.cpp_extension.load, read the header closure, publish.
+Imported only when something must be compiled.
 """
 from __future__ import annotations
 
-import importlib.util
 import logging
 import os
-import re
-import shlex
 import shutil
 import subprocess
 import sys
 import sysconfig
 import time
 import uuid
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from kload.cache.key import file_sha256, full_key, source_key, workspace_key
+from kload.cache.key import file_sha256, full_key, workspace_key
 from kload.cache.lock import build_lock
 from kload.cache.store import Entry, Store
 
-from . import knobs, toolchain
+from . import toolchain
 from .errors import CompileError, KloadError, parse_diagnostics
-from .sources import SourceSet, scan
+from .plan import Plan, include_dir
 
 log = logging.getLogger("kload")
 
-_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 NS_SOURCE = "_kload_ns_.cpp"
-
-
-def include_dir() -> Path:
-    """Where <kload/kernel.h> lives (found without importing kload.kernels)."""
-    spec = importlib.util.find_spec("kload.kernels")
-    return Path(list(spec.submodule_search_locations)[0]) / "include"
-
-
-@dataclass
-class Options:
-    name: str
-    paths: list[Path]
-    cflags: list[str] = field(default_factory=list)
-    cuda_cflags: list[str] = field(default_factory=list)
-    ldflags: list[str] = field(default_factory=list)
-    include_paths: list[str] = field(default_factory=list)
-    verbose: bool = False
-    debug: bool = False
-
-
-def check_name(name: str) -> str:
-    if not isinstance(name, str) or not _IDENT.fullmatch(name):
-        raise ValueError(
-            f"kload: name must be a C identifier (letters, digits, underscores; not starting with a digit), got {name!r}"
-        )
-    return name
-
-
-def default_name(path: Path) -> str:
-    stem = re.sub(r"\W", "_", path.stem)
-    return stem if _IDENT.fullmatch(stem) else f"_{stem}"
-
-
-def _flag_list(value, what: str, kinds=(str,)) -> list:
-    if value is None:
-        return []
-    if isinstance(value, (str, os.PathLike)):
-        raise TypeError(f"kload: {what} must be a list of strings, got {value!r} (wrap it in a list)")
-    out = list(value)
-    for v in out:
-        if not isinstance(v, kinds):
-            raise TypeError(f"kload: {what} must contain strings, got {type(v).__name__}: {v!r}")
-    return out
-
-
-def make_options(name, paths, extra_cflags, extra_cuda_cflags, extra_ldflags, extra_include_paths,
-                 verbose, debug) -> Options:
-    incs = [str(Path(p).expanduser().absolute()) for p in _flag_list(extra_include_paths, "extra_include_paths", (str, os.PathLike))]
-    for inc in incs:
-        if not Path(inc).is_dir():
-            raise FileNotFoundError(f"kload: include directory not found: {inc}")
-    return Options(
-        name=check_name(name if name is not None else default_name(paths[0])),
-        paths=paths,
-        cflags=_flag_list(extra_cflags, "extra_cflags"),
-        cuda_cflags=_flag_list(extra_cuda_cflags, "extra_cuda_cflags"),
-        ldflags=_flag_list(extra_ldflags, "extra_ldflags"),
-        include_paths=incs,
-        verbose=bool(verbose),
-        debug=knobs.debug() if debug is None else bool(debug),
-    )
-
-
-@dataclass
-class Plan:
-    opts: Options
-    sources: SourceSet
-    built: list[Path]                 # what is compiled (CUDA sources dropped without CUDA)
-    with_cuda: bool
-    cuda_skipped: str | None          # why .cu sources are not built, or None
-    cflags: list[str]
-    cuda_cflags: list[str]
-    ldflags: list[str]
-    inputs: dict
-    skey: str
-
-    @property
-    def name(self) -> str:
-        return self.opts.name
-
-
-_said_cuda_skip: set[str] = set()
-
-
-def plan(opts: Options, store: Store) -> Plan:
-    sset = scan(opts.paths)
-    reason = toolchain.cuda_unavailable_reason() if sset.has_cuda else None
-    built = [s for s in sset.sources if not (s.is_cuda and reason)]
-    if not built:
-        raise KloadError(f"kload: {opts.name!r} has only CUDA sources, and they cannot be built here: {reason}")
-    with_cuda = any(s.is_cuda for s in built)
-    if reason and opts.name not in _said_cuda_skip:
-        _said_cuda_skip.add(opts.name)
-        log.warning("kload: building %r for the CPU only: %s", opts.name, reason)
-
-    cflags, cuda_cflags = list(opts.cflags), list(opts.cuda_cflags)
-    # Bind each library's calls to its own functions: a process that loaded an
-    # older build of the same code must not serve the newer build's calls.
-    ldflags = list(opts.ldflags) + ["-Wl,-Bsymbolic-functions"]
-    if opts.debug:
-        cflags += ["-g", "-O0"]
-        cuda_cflags += ["-g", "-G", "-O0"]
-    if sset.needs_checks:
-        forced = "-include " + shlex.quote(str(include_dir() / "kload" / "checks.h"))
-        cflags.append(forced)
-        cuda_cflags.append(forced)
-
-    store.prepare()
-    inputs = {
-        "name": opts.name,
-        "style": sset.style,
-        "sources": [{"path": str(s.path), "sha256": s.sha256} for s in built],
-        "cflags": cflags,
-        "cuda_cflags": cuda_cflags if with_cuda else [],
-        "ldflags": ldflags,
-        "include_paths": opts.include_paths,
-        "kload_include": str(include_dir()),
-        "with_cuda": with_cuda,
-        "torch": toolchain.torch_identity(),
-        "python": toolchain.python_identity(),
-        "cxx": toolchain.compiler_identity(toolchain.cxx_command(), store.root),
-        "env": toolchain.keyed_environment(),
-    }
-    if with_cuda:
-        inputs["nvcc"] = toolchain.compiler_identity(
-            str(Path(toolchain.find_cuda_home(), "bin", "nvcc")), store.root)
-        inputs["cuda_arch"] = toolchain.cuda_arch_list()
-    return Plan(opts, sset, [s.path for s in built], with_cuda, reason, cflags, cuda_cflags, ldflags,
-                inputs, source_key(inputs))
-
-
-# -- building ------------------------------------------------------------------
 
 def _system_prefixes(with_cuda: bool) -> tuple[str, ...]:
     """Headers under these belong to torch, Python, the compiler or CUDA, which the

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from pathlib import Path
 
 
@@ -21,13 +20,17 @@ class CompileError(KloadError):
         super().__init__(format_compile_error(name, diagnostics, log_path, raw))
 
 
-@dataclass
 class Diagnostic:
-    file: str
-    line: int | None
-    column: int | None
-    message: str
-    source_line: str | None = None
+    """One compiler error: where, what, and the offending source line."""
+
+    __slots__ = ("file", "line", "column", "message", "source_line")
+
+    def __init__(self, file: str, line: int | None, column: int | None, message: str, source_line=None):
+        self.file, self.line, self.column, self.message = file, line, column, message
+        self.source_line: str | None = source_line
+
+    def __repr__(self) -> str:
+        return f"Diagnostic({self.location()}: {self.message})"
 
     def location(self) -> str:
         where = self.file
@@ -39,11 +42,11 @@ class Diagnostic:
 
 
 # gcc/clang:  path:12:5: error: message      (also "fatal error:")
-_GCC = re.compile(r"^(?P<file>[^\s:][^:]*):(?P<line>\d+):(?:(?P<col>\d+):)?\s*(?:fatal\s+)?error:\s*(?P<msg>.*)$")
+_GCC = r"^(?P<file>[^\s:][^:]*):(?P<line>\d+):(?:(?P<col>\d+):)?\s*(?:fatal\s+)?error:\s*(?P<msg>.*)$"
 # nvcc/cudafe: path(12): error: message
-_NVCC = re.compile(r"^(?P<file>[^\s(][^(]*)\((?P<line>\d+)\):\s*(?:catastrophic\s+)?error:?\s*(?P<msg>.*)$")
+_NVCC = r"^(?P<file>[^\s(][^(]*)\((?P<line>\d+)\):\s*(?:catastrophic\s+)?error:?\s*(?P<msg>.*)$"
 # the linker: anything that says "undefined reference" or "ld: ... error"
-_LINK = re.compile(r"(undefined reference to|ld(?:\.\w+)?: .*error|collect2: error)")
+_LINK = r"(undefined reference to|ld(?:\.\w+)?: .*error|collect2: error)"
 
 MAX_DIAGNOSTICS = 5
 
@@ -58,14 +61,14 @@ def parse_diagnostics(output: str, line_map=None) -> list[Diagnostic]:
     seen = set()
     for raw_line in output.splitlines():
         text = raw_line.rstrip()
-        m = _GCC.match(text) or _NVCC.match(text)
+        m = re.match(_GCC, text) or re.match(_NVCC, text)
         if m:
             file, line = m["file"].strip(), int(m["line"])
             col = int(m["col"]) if m.groupdict().get("col") else None
             if line_map is not None:
                 file, line = line_map(file, line)
             d = Diagnostic(file, line, col, m["msg"].strip())
-        elif _LINK.search(text):
+        elif re.search(_LINK, text):
             d = Diagnostic("linker", None, None, text.strip())
         else:
             continue

@@ -13,9 +13,8 @@ import time
 from kload.cache.store import Entry, Store
 
 from . import knobs
-from .build import Options, compile_plan, plan
-from .errors import KloadError
-from .runtime import Loaded, check_fixed_namespaces, claim_fixed_namespaces, load_entry
+from .plan import Options, plan
+from .runtime import Loaded, check_fixed_namespaces, load_entry
 
 log = logging.getLogger("kload")
 
@@ -33,6 +32,8 @@ def resolve_entry(opts: Options) -> tuple[Entry, str, float]:
     # a fixed TORCH_LIBRARY namespace can be registered once per process: refuse
     # before compiling, since torch loads what it builds
     check_fixed_namespaces(opts.name, p.sources.fixed_namespaces, None)
+    from .build import compile_plan  # the compile machinery loads on a miss only
+
     entry, seconds = compile_plan(p, store)
     how = "built" if seconds > 0 else "cache"
     return entry, how, time.perf_counter() - started

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import threading
-from dataclasses import dataclass, field
 from importlib.machinery import ExtensionFileLoader
 from importlib.util import module_from_spec, spec_from_file_location
 from types import ModuleType
@@ -24,12 +23,14 @@ _loaded: dict[str, "Loaded"] = {}          # artifact path -> what it registered
 _fixed_owner: dict[str, str] = {}          # TORCH_LIBRARY namespace -> key of the build that owns it
 
 
-@dataclass
 class Loaded:
-    entry: Entry
-    module: ModuleType | None
-    namespaces: list[str]
-    _keepalive: list = field(default_factory=list)
+    """What one artifact brought into this process."""
+
+    __slots__ = ("entry", "module", "namespaces", "_keepalive")
+
+    def __init__(self, entry: Entry, module: ModuleType | None, namespaces: list[str]):
+        self.entry, self.module, self.namespaces = entry, module, namespaces
+        self._keepalive: list = []  # torch.library.Library objects that must outlive the handle
 
     def op_names(self) -> list[str]:
         names: set[str] = set()
@@ -49,8 +50,10 @@ class Loaded:
         import torch
 
         for ns in self.namespaces:
-            if attr in ops_in_namespace(ns):
+            try:  # one schema lookup, not a listing of every op in the process
                 return getattr(getattr(torch.ops, ns), attr)
+            except (AttributeError, RuntimeError):
+                continue
         return None
 
 

@@ -7,10 +7,9 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import sys
-import sysconfig
 from functools import lru_cache
+from importlib.machinery import EXTENSION_SUFFIXES
 from pathlib import Path
 
 from . import knobs
@@ -41,7 +40,7 @@ def torch_identity() -> dict:
 def python_identity() -> dict:
     return {
         "cache_tag": sys.implementation.cache_tag,
-        "ext_suffix": sysconfig.get_config_var("EXT_SUFFIX"),
+        "ext_suffix": EXTENSION_SUFFIXES[0],
         "abiflags": getattr(sys, "abiflags", ""),
     }
 
@@ -85,6 +84,24 @@ def cuda_arch_list() -> str:
     return "torch-default"
 
 
+_memo: dict[str, dict] = {}
+
+
+def memo(cache_root: Path) -> dict:
+    """The cache's memo file (compiler versions, source scans), read once per process."""
+    key = str(cache_root)
+    if key not in _memo:
+        _memo[key] = read_json(cache_root / "toolchain.json") or {}
+    return _memo[key]
+
+
+def save_memo(cache_root: Path) -> None:
+    try:
+        write_json_atomic(cache_root / "toolchain.json", memo(cache_root))
+    except OSError:
+        pass  # the memo only saves work next time
+
+
 def compiler_identity(command: str, cache_root: Path) -> dict:
     """``{"path", "version"}`` of a compiler, from a stat-keyed memo when possible."""
     path = shutil.which(command)
@@ -93,10 +110,11 @@ def compiler_identity(command: str, cache_root: Path) -> dict:
     real = os.path.realpath(path)
     st = os.stat(real)
     stamp = f"{real}|{st.st_size}|{st.st_mtime_ns}"
-    memo_file = cache_root / "toolchain.json"
-    memo = read_json(memo_file) or {}
-    version = memo.get(stamp)
+    known = memo(cache_root)
+    version = known.get(stamp)
     if version is None:
+        import subprocess
+
         try:
             proc = subprocess.run([real, "--version"], capture_output=True, text=True, timeout=60)
         except (OSError, subprocess.TimeoutExpired) as e:
@@ -104,9 +122,6 @@ def compiler_identity(command: str, cache_root: Path) -> dict:
         lines = [t for t in (proc.stdout or proc.stderr).splitlines() if t.strip()]
         # gcc/clang name themselves on line 1; nvcc says "release X.Y" further down
         version = " | ".join(lines[:1] + [t for t in lines[1:] if "release" in t.lower()]) or "unknown"
-        memo[stamp] = version
-        try:
-            write_json_atomic(memo_file, memo)
-        except OSError:
-            pass  # the memo only saves a subprocess next time
+        known[stamp] = version
+        save_memo(cache_root)
     return {"command": command, "path": real, "version": version}

@@ -100,8 +100,7 @@ def test_flag_change_is_a_different_entry(vadd_dir):
 
 
 def test_key_covers_toolchain_and_environment(vadd_dir, kload_cache, monkeypatch):
-    from kload.build import plan
-    from kload.handle import Options
+    from kload.plan import Options, plan
 
     store = Store(kload_cache)
     opts = Options(name="vadd", paths=[vadd_dir / "vadd.cpp"])
@@ -337,7 +336,7 @@ def test_kernel_header_stays_lean(tmp_path):
     """<kload/kernel.h> must not pull in torch/extension.h or pybind11 (the 20-second include)."""
     from torch.utils.cpp_extension import include_paths
 
-    from kload.build import include_dir
+    from kload.plan import include_dir
 
     probe = write(tmp_path / "probe.cpp", "#include <kload/kernel.h>\n")
     flags = ["-std=c++20", "-M", f"-I{include_dir()}"] + [f"-I{p}" for p in include_paths()]

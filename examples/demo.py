@@ -1,0 +1,58 @@
+"""kload's main job: JIT-compile a shipped kernel on first use, run it, then show
+a fresh process finding it in the cache.
+
+    python examples/demo.py
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+import kload
+
+HERE = Path(__file__).resolve().parent
+
+FRESH_PROCESS = f"""
+import time, torch
+t = time.perf_counter()
+import kload
+ops = kload.load({str(HERE / "vector_add.cpp")!r})
+out = ops.vector_add(torch.ones(3), torch.ones(3))
+print(f"fresh process: {{out.tolist()}} in {{(time.perf_counter() - t) * 1e3:.1f}} ms (import kload + cache hit + call)")
+"""
+
+
+def main() -> None:
+    print(f"kload {kload.__version__}, torch {torch.__version__}, cache {kload.knobs.cache_dir()}")
+    ops = kload.load(HERE / "vector_add.cpp")          # returns at once: nothing is compiled yet
+    a, b = torch.arange(8.0), torch.full((8,), 0.5)
+    t = time.perf_counter()
+    c = ops.vector_add(a, b)                           # first use: compile, or find in the cache
+    first = time.perf_counter() - t
+    how = kload.HISTORY[-1]["how"]
+    print(f"first use ({'compiled' if how == 'built' else 'cache hit'}) in {first:.2f} s: {c.tolist()}")
+    assert torch.equal(c, a + b)
+
+    print("fresh process:", end=" ", flush=True)
+    out = subprocess.run([sys.executable, "-c", FRESH_PROCESS], capture_output=True, text=True, check=True)
+    print(out.stdout.strip().removeprefix("fresh process: "))
+
+    ext = kload.load(HERE / "tutorial_my_ops.cpp")    # the tutorial's pybind11 code, as written
+    t = time.perf_counter()
+    d = ext.vector_add(a, b)
+    print(f"tutorial extension (pybind11, torch/extension.h) ready in {time.perf_counter() - t:.2f} s: "
+          f"{d.tolist()}")
+    assert torch.equal(d, a + b)
+
+    from kload import kernels  # noqa: F401  (issue 3's shipped kernels, when present)
+
+    for name in getattr(kernels, "__all__", []):
+        print(f"shipped kernel available: kload.kernels.{name}")
+
+
+if __name__ == "__main__":
+    main()
