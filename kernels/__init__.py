@@ -1,1 +1,128 @@
-"""kload's shipped kernels (see issue 3): each compiles on first use from kernels/<op>/."""
+"""kload's shipped kernels, compiled on first use from kernels/<op>/ through kload.load.
+
+    from kload import kernels
+    kernels.vector_add(a, b)
+    kernels.matmul(a, b)                                  # [M, K] @ [K, N]
+    kernels.conv2d(x, w, bias=None, stride=1, padding=0)  # NCHW, as F.conv2d
+    kernels.bias_gelu(x, bias)                            # F.gelu(x + bias), fused, with backward
+
+Each name *is* the dispatcher op (``torch.ops.<namespace>.<op>``), so opcheck,
+autograd and torch.compile see an ordinary PyTorch operator.
+"""
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import torch
+
+import kload
+
+__all__ = ["vector_add", "matmul", "conv2d", "bias_gelu"]
+
+_HERE = Path(__file__).resolve().parent
+# -O3 -march=native: the inner loops are written for the compiler to vectorize;
+# kload keys -march=native builds by the host CPU. OpenMP links the runtime torch
+# already loaded (same soname), so a process has one.
+CFLAGS = ["-O3", "-march=native", "-fopenmp"]
+CUDA_CFLAGS = ["-O3"]
+LDFLAGS = ["-fopenmp"]
+
+_lock = threading.Lock()
+_handles: dict[str, kload.Handle] = {}
+
+
+def sources(op: str) -> list[Path]:
+    """The sources of one shipped op: <op>.cpp (schema, CPU, Meta) and <op>.cu (CUDA)."""
+    folder = _HERE / op
+    return sorted(folder.glob("*.cpp")) + sorted(folder.glob("*.cu"))
+
+
+def handle(op: str) -> kload.Handle:
+    """The loaded library of one shipped op, with its autograd formula registered."""
+    with _lock:
+        h = _handles.get(op)
+        if h is None:
+            h = kload.load(*sources(op), name=f"kload_{op}", extra_cflags=CFLAGS, extra_cuda_cflags=CUDA_CFLAGS,
+                           extra_ldflags=LDFLAGS)
+            h.load()
+            _AUTOGRAD[op](h)
+            _handles[op] = h
+        return h
+
+
+# -- autograd: registered once per build, on its namespace --------------------------
+# register_autograd makes the op differentiable *and* keeps it one opaque node under
+# torch.compile (the backward formula is traced instead of the C++ body).
+
+def _vector_add_autograd(h: kload.Handle) -> None:
+    def backward(ctx, grad):
+        return grad, grad
+
+    torch.library.register_autograd(f"{h.namespace}::vector_add", backward)
+
+
+def _matmul_autograd(h: kload.Handle) -> None:
+    op = h.matmul
+
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(*inputs)
+
+    def backward(ctx, grad):
+        a, b = ctx.saved_tensors
+        ga = op(grad, b.t()) if ctx.needs_input_grad[0] else None
+        gb = op(a.t(), grad) if ctx.needs_input_grad[1] else None
+        return ga, gb
+
+    torch.library.register_autograd(f"{h.namespace}::matmul", backward, setup_context=setup_context)
+
+
+def _conv2d_autograd(h: kload.Handle) -> None:
+    bwd = h.conv2d_backward
+
+    def setup_context(ctx, inputs, output):
+        x, w, bias, stride, padding = inputs
+        ctx.save_for_backward(x, w)
+        ctx.stride, ctx.padding, ctx.has_bias = stride, padding, bias is not None
+
+    def backward(ctx, grad):
+        x, w = ctx.saved_tensors
+        gx, gw = bwd(grad, x, w, ctx.stride, ctx.padding)
+        gb = grad.sum((0, 2, 3)) if ctx.has_bias and ctx.needs_input_grad[2] else None
+        return gx, gw, gb, None, None
+
+    torch.library.register_autograd(f"{h.namespace}::conv2d", backward, setup_context=setup_context)
+
+
+def _bias_gelu_autograd(h: kload.Handle) -> None:
+    bwd = h.bias_gelu_backward
+
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(*inputs)
+
+    def backward(ctx, grad):
+        x, bias = ctx.saved_tensors
+        gx, gb = bwd(grad, x, bias)
+        return gx, gb
+
+    torch.library.register_autograd(f"{h.namespace}::bias_gelu", backward, setup_context=setup_context)
+
+
+_AUTOGRAD = {
+    "vector_add": _vector_add_autograd,
+    "matmul": _matmul_autograd,
+    "conv2d": _conv2d_autograd,
+    "bias_gelu": _bias_gelu_autograd,
+}
+
+
+def __getattr__(name: str):
+    if name in _AUTOGRAD:
+        op = getattr(handle(name), name)
+        globals()[name] = op  # later lookups skip this function
+        return op
+    raise AttributeError(f"kload.kernels has no kernel {name!r}; it has: {', '.join(__all__)}")
+
+
+def __dir__():
+    return sorted(list(globals()) + __all__)

@@ -153,6 +153,8 @@ def plan(opts: Options, store: Store) -> Plan:
         "cxx": toolchain.compiler_identity(toolchain.cxx_command(), store.root),
         "env": toolchain.keyed_environment(),
     }
+    if any("native" in f for f in cflags + cuda_cflags):
+        inputs["host_cpu"] = toolchain.host_cpu()  # -march=native binaries run only where built
     if with_cuda:
         inputs["nvcc"] = toolchain.compiler_identity(
             str(Path(toolchain.find_cuda_home(), "bin", "nvcc")), store.root)

@@ -1,0 +1,211 @@
+// conv2d — NCHW convolution with the semantics of F.conv2d(x, w, bias, stride, padding)
+// (groups=1, dilation=1), forward and backward.
+//
+// Method: im2col + GEMM. Each image's receptive fields are unfolded into a
+// [C*kh*kw, OH*OW] matrix and multiplied by the weights viewed as [OC, C*kh*kw]
+// with kload/cpu/gemm.h, so the convolution runs at the GEMM's speed and shares
+// its tested micro-kernel; the cost is one unfold buffer per thread (for the
+// benchmark shape 576 x 3136 floats, 7 MB). OpenMP threads take whole images.
+// Backward: grad_w = sum_n grad_n @ col_n^T, grad_x = col2im(w^T @ grad_n).
+#include <kload/kernel.h>
+#include <kload/cpu/gemm.h>
+#include <kload/cpu/parallel.h>
+#include <ATen/Dispatch.h>
+#include <ATen/ops/sum.h>
+
+#include <vector>
+
+namespace {
+
+struct Geometry {
+  int64_t N, C, H, W, OC, KH, KW, SH, SW, PH, PW, OH, OW;
+  int64_t ckk() const { return C * KH * KW; }
+  int64_t ohw() const { return OH * OW; }
+};
+
+Geometry check_conv2d(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& bias,
+                      at::IntArrayRef stride, at::IntArrayRef padding) {
+  TORCH_CHECK(x.dim() == 4, "conv2d: x must be 4-D [N, C, H, W], got shape ", x.sizes());
+  TORCH_CHECK(w.dim() == 4, "conv2d: w must be 4-D [OC, C, kh, kw], got shape ", w.sizes());
+  TORCH_CHECK(x.device() == w.device(), "conv2d: x and w must be on the same device, got ", x.device(), " and ",
+              w.device());
+  TORCH_CHECK(x.scalar_type() == w.scalar_type(), "conv2d: x and w must have the same dtype, got ",
+              x.scalar_type(), " and ", w.scalar_type());
+  TORCH_CHECK(x.size(1) == w.size(1), "conv2d: x has ", x.size(1), " channels but w expects ", w.size(1),
+              " (x ", x.sizes(), ", w ", w.sizes(), "); groups are not supported");
+  TORCH_CHECK(stride.size() == 2 && padding.size() == 2, "conv2d: stride and padding must have 2 values");
+  TORCH_CHECK(stride[0] >= 1 && stride[1] >= 1, "conv2d: stride must be >= 1, got ", stride);
+  TORCH_CHECK(padding[0] >= 0 && padding[1] >= 0, "conv2d: padding must be >= 0, got ", padding);
+  if (bias.has_value() && bias->defined()) {
+    TORCH_CHECK(bias->dim() == 1 && bias->size(0) == w.size(0), "conv2d: bias must have shape [", w.size(0),
+                "], got ", bias->sizes());
+    TORCH_CHECK(bias->device() == x.device() && bias->scalar_type() == x.scalar_type(),
+                "conv2d: bias must match x's device and dtype, got ", bias->device(), " ", bias->scalar_type());
+  }
+  Geometry g{x.size(0), x.size(1), x.size(2), x.size(3), w.size(0), w.size(2), w.size(3),
+             stride[0], stride[1], padding[0], padding[1], 0, 0};
+  TORCH_CHECK(g.KH <= g.H + 2 * g.PH && g.KW <= g.W + 2 * g.PW, "conv2d: kernel ", g.KH, "x", g.KW,
+              " is larger than the padded input ", g.H + 2 * g.PH, "x", g.W + 2 * g.PW);
+  g.OH = (g.H + 2 * g.PH - g.KH) / g.SH + 1;
+  g.OW = (g.W + 2 * g.PW - g.KW) / g.SW + 1;
+  return g;
+}
+
+// row-major, densely packed operands
+template <typename T>
+void gemm_any(int64_t M, int64_t N, int64_t K, const T* A, const T* B, T* C, bool acc) {
+  kload::cpu::gemm_any<T>(M, N, K, A, K, B, N, C, N, acc);
+}
+
+// col[(c, i, j), (oh, ow)] = x[c, oh*SH - PH + i, ow*SW - PW + j] (0 outside)
+template <typename T>
+void im2col(const Geometry& g, const T* x, T* col) {
+  for (int64_t c = 0; c < g.C; ++c)
+    for (int64_t i = 0; i < g.KH; ++i)
+      for (int64_t j = 0; j < g.KW; ++j) {
+        T* row = col + ((c * g.KH + i) * g.KW + j) * g.ohw();
+        for (int64_t oh = 0; oh < g.OH; ++oh) {
+          const int64_t h = oh * g.SH - g.PH + i;
+          T* out = row + oh * g.OW;
+          if (h < 0 || h >= g.H) {
+            for (int64_t ow = 0; ow < g.OW; ++ow) out[ow] = T(0);
+            continue;
+          }
+          const T* in = x + (c * g.H + h) * g.W;
+          for (int64_t ow = 0; ow < g.OW; ++ow) {
+            const int64_t wi = ow * g.SW - g.PW + j;
+            out[ow] = (wi >= 0 && wi < g.W) ? in[wi] : T(0);
+          }
+        }
+      }
+}
+
+// the adjoint of im2col: x[c, h, w] += col[...]
+template <typename T>
+void col2im(const Geometry& g, const T* col, T* x) {
+  for (int64_t c = 0; c < g.C; ++c)
+    for (int64_t i = 0; i < g.KH; ++i)
+      for (int64_t j = 0; j < g.KW; ++j) {
+        const T* row = col + ((c * g.KH + i) * g.KW + j) * g.ohw();
+        for (int64_t oh = 0; oh < g.OH; ++oh) {
+          const int64_t h = oh * g.SH - g.PH + i;
+          if (h < 0 || h >= g.H) continue;
+          T* out = x + (c * g.H + h) * g.W;
+          for (int64_t ow = 0; ow < g.OW; ++ow) {
+            const int64_t wi = ow * g.SW - g.PW + j;
+            if (wi >= 0 && wi < g.W) out[wi] += row[oh * g.OW + ow];
+          }
+        }
+      }
+}
+
+template <typename T>
+void transpose(const T* a, int64_t rows, int64_t cols, T* out) {  // out[cols, rows] = a[rows, cols]^T
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) out[c * rows + r] = a[r * cols + c];
+}
+
+void check_cpu_dtype(const at::Tensor& x) {
+  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kDouble,
+              "conv2d (CPU): expected float32 or float64, got ", x.scalar_type());
+}
+
+at::Tensor conv2d_cpu(const at::Tensor& x_in, const at::Tensor& w_in, const std::optional<at::Tensor>& bias,
+                      at::IntArrayRef stride, at::IntArrayRef padding) {
+  const Geometry g = check_conv2d(x_in, w_in, bias, stride, padding);
+  check_cpu_dtype(x_in);
+  const at::Tensor x = x_in.contiguous(), w = w_in.contiguous();
+  at::Tensor out = at::empty({g.N, g.OC, g.OH, g.OW}, x.options());
+  const bool has_bias = bias.has_value() && bias->defined();
+  const at::Tensor b = has_bias ? bias->contiguous() : at::Tensor();
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "conv2d_cpu", [&] {
+    const scalar_t* px = x.const_data_ptr<scalar_t>();
+    const scalar_t* pw = w.const_data_ptr<scalar_t>();
+    const scalar_t* pb = has_bias ? b.const_data_ptr<scalar_t>() : nullptr;
+    scalar_t* po = out.mutable_data_ptr<scalar_t>();
+    kload::cpu::parallel_chunks(g.N, 1, [&](int64_t n0, int64_t n1) {
+      std::vector<scalar_t> col(g.ckk() * g.ohw());
+      for (int64_t n = n0; n < n1; ++n) {
+        im2col(g, px + n * g.C * g.H * g.W, col.data());
+        scalar_t* o = po + n * g.OC * g.ohw();
+        gemm_any<scalar_t>(g.OC, g.ohw(), g.ckk(), pw, col.data(), o, false);
+        if (pb)
+          for (int64_t oc = 0; oc < g.OC; ++oc)
+            for (int64_t p = 0; p < g.ohw(); ++p) o[oc * g.ohw() + p] += pb[oc];
+      }
+    });
+  });
+  return out;
+}
+
+template <typename scalar_t>
+void conv2d_backward_kernel(const Geometry& g, const at::Tensor& x, const at::Tensor& w, const at::Tensor& grad,
+                            at::Tensor& grad_x, at::Tensor& grad_w) {
+  const scalar_t* px = x.const_data_ptr<scalar_t>();
+  const scalar_t* pg = grad.const_data_ptr<scalar_t>();
+  std::vector<scalar_t> wt(g.ckk() * g.OC);  // w^T: [C*kh*kw, OC]
+  transpose(w.const_data_ptr<scalar_t>(), g.OC, g.ckk(), wt.data());
+  scalar_t* pgx = grad_x.mutable_data_ptr<scalar_t>();
+  scalar_t* pgw = grad_w.mutable_data_ptr<scalar_t>();
+  const int threads = std::max(1, std::min<int>(at::get_num_threads(), static_cast<int>(g.N)));
+  std::vector<std::vector<scalar_t>> partial(threads, std::vector<scalar_t>(g.OC * g.ckk(), scalar_t(0)));
+#pragma omp parallel num_threads(threads)
+  {
+    const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+    std::vector<scalar_t> col(g.ckk() * g.ohw()), colt(g.ohw() * g.ckk());
+    for (int64_t n = g.N * t / nt; n < g.N * (t + 1) / nt; ++n) {
+      const scalar_t* gn = pg + n * g.OC * g.ohw();
+      im2col(g, px + n * g.C * g.H * g.W, col.data());
+      transpose(col.data(), g.ckk(), g.ohw(), colt.data());
+      gemm_any<scalar_t>(g.OC, g.ckk(), g.ohw(), gn, colt.data(), partial[t].data(), true);
+      gemm_any<scalar_t>(g.ckk(), g.ohw(), g.OC, wt.data(), gn, col.data(), false);
+      col2im(g, col.data(), pgx + n * g.C * g.H * g.W);
+    }
+  }
+  for (const auto& p : partial)
+    for (int64_t i = 0; i < g.OC * g.ckk(); ++i) pgw[i] += p[i];
+}
+
+std::tuple<at::Tensor, at::Tensor> conv2d_backward_cpu(const at::Tensor& grad_in, const at::Tensor& x_in,
+                                                       const at::Tensor& w_in, at::IntArrayRef stride,
+                                                       at::IntArrayRef padding) {
+  const Geometry g = check_conv2d(x_in, w_in, std::nullopt, stride, padding);
+  check_cpu_dtype(x_in);
+  TORCH_CHECK(grad_in.dim() == 4 && grad_in.size(0) == g.N && grad_in.size(1) == g.OC && grad_in.size(2) == g.OH &&
+                  grad_in.size(3) == g.OW,
+              "conv2d_backward: grad has shape ", grad_in.sizes(), ", expected [", g.N, ", ", g.OC, ", ", g.OH, ", ",
+              g.OW, "]");
+  const at::Tensor x = x_in.contiguous(), w = w_in.contiguous(), grad = grad_in.contiguous();
+  at::Tensor grad_x = at::zeros_like(x), grad_w = at::zeros_like(w);
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "conv2d_backward_cpu",
+                             [&] { conv2d_backward_kernel<scalar_t>(g, x, w, grad, grad_x, grad_w); });
+  return {grad_x, grad_w};
+}
+
+at::Tensor conv2d_meta(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& bias,
+                       at::IntArrayRef stride, at::IntArrayRef padding) {
+  const Geometry g = check_conv2d(x, w, bias, stride, padding);
+  return at::empty({g.N, g.OC, g.OH, g.OW}, x.options());
+}
+
+std::tuple<at::Tensor, at::Tensor> conv2d_backward_meta(const at::Tensor& grad, const at::Tensor& x,
+                                                        const at::Tensor& w, at::IntArrayRef stride,
+                                                        at::IntArrayRef padding) {
+  check_conv2d(x, w, std::nullopt, stride, padding);
+  return {at::empty_like(x, at::MemoryFormat::Contiguous), at::empty_like(w, at::MemoryFormat::Contiguous)};
+}
+
+}  // namespace
+
+KLOAD_LIBRARY(m) {
+  m.def("conv2d(Tensor x, Tensor w, Tensor? bias=None, int[2] stride=1, int[2] padding=0) -> Tensor");
+  m.def("conv2d_backward(Tensor grad, Tensor x, Tensor w, int[2] stride, int[2] padding) -> (Tensor, Tensor)");
+}
+KLOAD_IMPL(CPU, m) {
+  m.impl("conv2d", &conv2d_cpu);
+  m.impl("conv2d_backward", &conv2d_backward_cpu);
+}
+KLOAD_IMPL(Meta, m) {
+  m.impl("conv2d", &conv2d_meta);
+  m.impl("conv2d_backward", &conv2d_backward_meta);
+}
