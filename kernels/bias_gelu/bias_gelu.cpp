@@ -49,10 +49,12 @@ inline float exp_approx(float x) {
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   p = p * r * r + r + 1.f;
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  float scale;
-  __builtin_memcpy(&scale, &bits, sizeof scale);
-  return p * scale;
+  union {
+    int32_t i;
+    float f;
+  } scale;  // 2^n, built in the exponent bits (GCC defines punning through unions)
+  scale.i = (static_cast<int32_t>(n) + 127) << 23;
+  return p * scale.f;
 }
 
 inline float erf_t(float x) { return erf_approx(x); }
@@ -115,7 +117,7 @@ void bias_gelu_backward_kernel(const at::Tensor& grad, const at::Tensor& x, cons
 #pragma omp parallel num_threads(threads)
   {
     const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
-    scalar_t* acc = partial[t].data();
+    scalar_t* __restrict acc = partial[t].data();
     for (int64_t r = rows * t / nt; r < rows * (t + 1) / nt; ++r) {
       const scalar_t* xr = px + r * D;
       const scalar_t* gr = pg + r * D;
@@ -125,10 +127,11 @@ void bias_gelu_backward_kernel(const at::Tensor& grad, const at::Tensor& x, cons
         const scalar_t z = xr[j] + pb[j];
         const scalar_t cdf = scalar_t(0.5) * (scalar_t(1) + erf_t(z * scalar_t(kSqrtHalf)));
         const scalar_t pdf = scalar_t(kInvSqrt2Pi) * exp_t(scalar_t(-0.5) * z * z);
-        const scalar_t g = gr[j] * (cdf + z * pdf);
-        gxr[j] = g;
-        acc[j] += g;
+        gxr[j] = gr[j] * (cdf + z * pdf);
       }
+      // grad_bias: the row just written is still in L1
+#pragma omp simd
+      for (int64_t j = 0; j < D; ++j) acc[j] += gxr[j];
     }
   }
   scalar_t* pgb = grad_b.mutable_data_ptr<scalar_t>();

@@ -1,0 +1,179 @@
+"""The shipped kernels against pure-torch references: odd sizes, non-contiguous
+views, opcheck, float64 gradcheck, torch.compile, bad inputs, one OpenMP runtime."""
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kload import kernels
+
+
+def reference_vector_add(a, b):
+    return a + b
+
+
+def reference_matmul(a, b):
+    return a @ b
+
+
+def reference_conv2d(x, w, bias=None, stride=1, padding=0):
+    return F.conv2d(x, w, bias, stride, padding)
+
+
+def reference_bias_gelu(x, bias):
+    return F.gelu(x + bias)
+
+
+SIZES = (1, 3, 17, 255, 989)
+
+
+def sample_vector_add(dtype=torch.float32, requires_grad=False):
+    for n in SIZES:
+        yield torch.randn(n, dtype=dtype, requires_grad=requires_grad), torch.randn(n, dtype=dtype,
+                                                                                    requires_grad=requires_grad)
+    base = torch.randn(6, 10, dtype=dtype)
+    yield base.t(), torch.randn(10, 6, dtype=dtype)  # non-contiguous
+
+
+def sample_matmul(dtype=torch.float32, requires_grad=False):
+    for m, k, n in [(1, 1, 1), (3, 17, 5), (17, 255, 33), (70, 3, 129), (255, 300, 40)]:
+        yield (torch.randn(m, k, dtype=dtype, requires_grad=requires_grad),
+               torch.randn(k, n, dtype=dtype, requires_grad=requires_grad))
+    yield torch.randn(9, 7, dtype=dtype).t(), torch.randn(9, 4, dtype=dtype)
+
+
+def sample_conv2d(dtype=torch.float32, requires_grad=False):
+    for (n, c, h, w, oc, k, s, p, bias) in [(1, 1, 3, 3, 1, 3, 1, 0, False), (2, 3, 17, 9, 5, 3, 2, 1, True),
+                                            (3, 4, 8, 11, 6, 1, 1, 0, True), (1, 2, 5, 5, 3, 5, 1, 2, False)]:
+        x = torch.randn(n, c, h, w, dtype=dtype, requires_grad=requires_grad)
+        wt = torch.randn(oc, c, k, k, dtype=dtype, requires_grad=requires_grad)
+        b = torch.randn(oc, dtype=dtype, requires_grad=requires_grad) if bias else None
+        yield x, wt, b, s, p
+
+
+def sample_bias_gelu(dtype=torch.float32, requires_grad=False):
+    for shape in [(1,), (3, 17), (17, 255), (2, 3, 33)]:
+        yield (torch.randn(*shape, dtype=dtype, requires_grad=requires_grad) * 3,
+               torch.randn(shape[-1], dtype=dtype, requires_grad=requires_grad))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_vector_add_matches_reference(dtype):
+    for a, b in sample_vector_add(dtype):
+        torch.testing.assert_close(kernels.vector_add(a, b), reference_vector_add(a, b))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_matmul_matches_reference(dtype):
+    for a, b in sample_matmul(dtype):
+        torch.testing.assert_close(kernels.matmul(a, b), reference_matmul(a, b), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_conv2d_matches_reference(dtype):
+    for x, w, b, s, p in sample_conv2d(dtype):
+        torch.testing.assert_close(kernels.conv2d(x, w, b, s, p), reference_conv2d(x, w, b, s, p),
+                                   rtol=1e-4, atol=1e-4)
+    x = torch.randn(2, 3, 8, 8, dtype=dtype)
+    w = torch.randn(4, 3, 3, 3, dtype=dtype)
+    torch.testing.assert_close(kernels.conv2d(x, w, stride=(2, 1), padding=(0, 1)),
+                               F.conv2d(x, w, stride=(2, 1), padding=(0, 1)), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_bias_gelu_matches_reference(dtype):
+    for x, b in sample_bias_gelu(dtype):
+        torch.testing.assert_close(kernels.bias_gelu(x, b), reference_bias_gelu(x, b), rtol=1e-5, atol=1e-5)
+
+
+def test_empty_tensors():
+    assert kernels.vector_add(torch.ones(0), torch.ones(0)).shape == (0,)
+    torch.testing.assert_close(kernels.matmul(torch.ones(3, 0), torch.ones(0, 2)), torch.zeros(3, 2))
+    assert kernels.matmul(torch.ones(0, 4), torch.ones(4, 2)).shape == (0, 2)
+    assert kernels.conv2d(torch.ones(0, 2, 5, 5), torch.ones(3, 2, 3, 3)).shape == (0, 3, 3, 3)
+    assert kernels.bias_gelu(torch.ones(0, 4), torch.ones(4)).shape == (0, 4)
+
+
+SAMPLES = {
+    "vector_add": lambda: [(a, b) for a, b in itertools.islice(sample_vector_add(torch.float64, True), 3)],
+    "matmul": lambda: [(a, b) for a, b in itertools.islice(sample_matmul(torch.float64, True), 3)],
+    "conv2d": lambda: [(x, w, b, s, p) for x, w, b, s, p in sample_conv2d(torch.float64, True)][:2],
+    "bias_gelu": lambda: list(itertools.islice(sample_bias_gelu(torch.float64, True), 3)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SAMPLES))
+def test_opcheck(name):
+    op = getattr(kernels, name)
+    for args in SAMPLES[name]():
+        torch.library.opcheck(op, args)
+
+
+@pytest.mark.parametrize("name", sorted(SAMPLES))
+def test_gradcheck_float64(name):
+    op = getattr(kernels, name)
+    for args in SAMPLES[name]():
+        assert torch.autograd.gradcheck(lambda *a: op(*a), args, eps=1e-6, atol=1e-5)
+
+
+def test_torch_compile_fullgraph_has_no_graph_break():
+    def f(x, w, bias, a, b):
+        y = kernels.conv2d(x, w, bias, 1, 1)
+        z = kernels.bias_gelu(y.flatten(1), torch.zeros(y.flatten(1).shape[1]))
+        return kernels.vector_add(kernels.matmul(a, b), a @ b), z.sum()
+
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    args = (torch.randn(2, 3, 6, 6), torch.randn(4, 3, 3, 3), torch.randn(4), torch.randn(5, 7), torch.randn(7, 5))
+    for got, want in zip(compiled(*args), f(*args)):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: kernels.vector_add(torch.ones(3), torch.ones(4)), r"same shape, got \[3\] and \[4\]"),
+    (lambda: kernels.vector_add(torch.ones(3), torch.ones(3, dtype=torch.float64)), "same dtype, got Float and Double"),
+    (lambda: kernels.vector_add(torch.ones(3, dtype=torch.int32), torch.ones(3, dtype=torch.int32)), "got Int"),
+    (lambda: kernels.matmul(torch.ones(3), torch.ones(3, 3)), "2-D tensors"),
+    (lambda: kernels.matmul(torch.ones(2, 3), torch.ones(4, 5)), "inner dimensions differ"),
+    (lambda: kernels.matmul(torch.ones(2, 3), torch.ones(3, 2, dtype=torch.float64)), "same dtype"),
+    (lambda: kernels.conv2d(torch.ones(1, 2, 3, 3), torch.ones(1, 2, 5, 5)), "larger than the padded input"),
+    (lambda: kernels.conv2d(torch.ones(2, 3, 3), torch.ones(1, 2, 3, 3)), "x must be 4-D"),
+    (lambda: kernels.conv2d(torch.ones(1, 3, 5, 5), torch.ones(1, 2, 3, 3)), "3 channels but w expects 2"),
+    (lambda: kernels.conv2d(torch.ones(1, 2, 5, 5), torch.ones(1, 2, 3, 3), torch.ones(2)), "bias must have shape"),
+    (lambda: kernels.conv2d(torch.ones(1, 2, 5, 5), torch.ones(1, 2, 3, 3), stride=0), "stride must be >= 1"),
+    (lambda: kernels.bias_gelu(torch.ones(2, 3), torch.ones(4)), r"bias must have shape \[3\]"),
+])
+def test_bad_inputs_raise_clear_errors(call, message):
+    with pytest.raises(RuntimeError, match=message):
+        call()
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(0, 5), min_size=0, max_size=3), st.lists(st.integers(0, 5), min_size=0, max_size=3),
+       st.sampled_from([torch.float32, torch.float64, torch.int64]))
+def test_fuzz_vector_add_and_matmul_shapes(sa, sb, dtype):
+    a, b = torch.zeros(sa, dtype=dtype), torch.ones(sb, dtype=dtype)
+    for op, ref in ((kernels.vector_add, torch.add), (kernels.matmul, torch.matmul)):
+        try:
+            got = op(a, b)
+        except RuntimeError:
+            continue  # rejected with a Python exception: fine; a wrong answer or a crash is not
+        torch.testing.assert_close(got, ref(a, b))
+
+
+def test_one_openmp_runtime_and_torch_threads():
+    kernels.matmul(torch.randn(64, 64), torch.randn(64, 64))
+    with open("/proc/self/maps") as f:
+        runtimes = {line.split()[-1] for line in f if "gomp" in line.split("/")[-1] or "libiomp" in line}
+    assert len(runtimes) == 1, runtimes
+    old = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        a, b = torch.randn(128, 96), torch.randn(96, 80)
+        torch.testing.assert_close(kernels.matmul(a, b), a @ b, rtol=1e-4, atol=1e-4)
+    finally:
+        torch.set_num_threads(old)
