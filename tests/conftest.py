@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-SEEDS = ROOT / "tests" / "data"
+EXAMPLES = ROOT / "examples"  # the tutorial code users paste lives there
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -18,7 +18,7 @@ import torch
 import kload
 from kload.cache.store import Store
 
-from conftest import SEEDS, VECTOR_ADD, compiles, invocations, run_py, write
+from conftest import EXAMPLES, VECTOR_ADD, compiles, invocations, run_py, write
 
 
 def entries(cache: Path) -> set[str]:
@@ -189,7 +189,7 @@ def test_op_checks_raise_python_errors(vadd_dir):
 def test_tutorial_pybind_code_runs_as_written(tmp_path):
     """Section 3.2 of the tutorial: torch/extension.h, PYBIND11_MODULE, undefined CHECK_INPUT."""
     src = tmp_path / "my_ops.cpp"
-    src.write_text((SEEDS / "tutorial_my_ops.cpp").read_text())
+    src.write_text((EXAMPLES / "tutorial_my_ops.cpp").read_text())
     ext = kload.load(src)
     a, b = torch.randn(17), torch.randn(17)
     torch.testing.assert_close(ext.vector_add(a, b), a + b)
