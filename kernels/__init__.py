@@ -62,11 +62,12 @@ def _vector_add_autograd(h: kload.Handle) -> None:
     torch.library.register_autograd(f"{h.namespace}::vector_add", backward)
 
 
+def _save_inputs(ctx, inputs, output):
+    ctx.save_for_backward(*inputs)
+
+
 def _matmul_autograd(h: kload.Handle) -> None:
     op = h.matmul
-
-    def setup_context(ctx, inputs, output):
-        ctx.save_for_backward(*inputs)
 
     def backward(ctx, grad):
         a, b = ctx.saved_tensors
@@ -74,7 +75,7 @@ def _matmul_autograd(h: kload.Handle) -> None:
         gb = op(a.t(), grad) if ctx.needs_input_grad[1] else None
         return ga, gb
 
-    torch.library.register_autograd(f"{h.namespace}::matmul", backward, setup_context=setup_context)
+    torch.library.register_autograd(f"{h.namespace}::matmul", backward, setup_context=_save_inputs)
 
 
 def _conv2d_autograd(h: kload.Handle) -> None:
@@ -97,15 +98,10 @@ def _conv2d_autograd(h: kload.Handle) -> None:
 def _bias_gelu_autograd(h: kload.Handle) -> None:
     bwd = h.bias_gelu_backward
 
-    def setup_context(ctx, inputs, output):
-        ctx.save_for_backward(*inputs)
-
     def backward(ctx, grad):
-        x, bias = ctx.saved_tensors
-        gx, gb = bwd(grad, x, bias)
-        return gx, gb
+        return bwd(grad, *ctx.saved_tensors)
 
-    torch.library.register_autograd(f"{h.namespace}::bias_gelu", backward, setup_context=setup_context)
+    torch.library.register_autograd(f"{h.namespace}::bias_gelu", backward, setup_context=_save_inputs)
 
 
 _AUTOGRAD = {

@@ -109,7 +109,6 @@ _said_cuda_skip: set[str] = set()
 
 
 def plan(opts: Options, store: Store) -> Plan:
-    store.prepare()
     known = toolchain.memo(store.root)
     before = len(known)
     sset = scan(opts.paths, known)

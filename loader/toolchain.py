@@ -119,6 +119,7 @@ def memo(cache_root: Path) -> dict:
 
 def save_memo(cache_root: Path) -> None:
     try:
+        cache_root.mkdir(mode=0o700, parents=True, exist_ok=True)
         write_json_atomic(cache_root / "toolchain.json", memo(cache_root))
     except OSError:
         pass  # the memo only saves work next time
