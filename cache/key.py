@@ -36,6 +36,24 @@ def workspace_key(inputs: dict) -> str:
     return digest({"schema": SCHEMA, "kind": "workspace", "inputs": stable})
 
 
+def stat_stamp(path: str) -> list | None:
+    """Device, inode, size, mtime and ctime: any write changes ctime, which no
+    ordinary call can set back, so an equal stamp means the bytes hashed then."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+
+
+def unchanged(path: str, sha256: str, stamp: list | None) -> bool:
+    """Does ``path`` still hold the bytes whose hash is ``sha256``? A matching stat
+    stamp answers without reading the file (on another machine it differs: then hash)."""
+    if stamp is not None and stat_stamp(path) == stamp:
+        return True
+    return file_sha256(path) == sha256
+
+
 _file_memo: dict[str, tuple[tuple, str]] = {}
 
 

@@ -17,7 +17,7 @@ import time
 import uuid
 from pathlib import Path
 
-from .key import SCHEMA, file_sha256
+from .key import SCHEMA, file_sha256, stat_stamp, unchanged
 
 log = logging.getLogger("kload")
 
@@ -69,11 +69,6 @@ class Entry:
         return self.manifest["key"]
 
 
-def _stat_stamp(path: Path) -> list:
-    st = os.stat(path)
-    return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
-
-
 class Store:
     def __init__(self, root: Path):
         self.root = Path(root)
@@ -98,8 +93,8 @@ class Store:
         if not idx:
             return None
         for cand in reversed(idx.get("candidates", [])):  # newest first
-            headers = cand.get("headers", {})
-            if any(file_sha256(p) != h for p, h in headers.items()):
+            headers, stamps = cand.get("headers", {}), cand.get("stamps", {})
+            if not all(unchanged(p, h, stamps.get(p)) for p, h in headers.items()):
                 continue
             entry = self.open_entry(self.entries / cand.get("entry", "?"), cand.get("key"))
             if entry is not None:
@@ -131,14 +126,12 @@ class Store:
             return f"{art.name} is missing"
         if size != entry.manifest.get("size"):
             return f"{art.name} has {size} bytes, the manifest says {entry.manifest.get('size')}"
-        if entry.manifest.get("stat") == _stat_stamp(art):
-            return None  # the very inode that was hashed at publish, unwritten since (ctime)
-        if file_sha256(str(art)) != entry.manifest.get("sha256"):
+        if not unchanged(str(art), entry.manifest.get("sha256"), entry.manifest.get("stat")):
             return f"{art.name} does not match the manifest's sha256"
         return None
 
     # -- publish --------------------------------------------------------------
-    def publish(self, *, name: str, skey: str, key: str, headers: dict, built_artifact: Path,
+    def publish(self, *, name: str, skey: str, key: str, headers: dict, stamps: dict, built_artifact: Path,
                 manifest: dict) -> Entry:
         """Move a freshly built artifact into its entry; manifest, then index, last.
 
@@ -166,11 +159,11 @@ class Store:
             artifact=artifact.name,
             size=artifact.stat().st_size,
             sha256=file_sha256(str(artifact)),
-            stat=_stat_stamp(artifact),
+            stat=stat_stamp(str(artifact)),
             created=time.time(),
         )
         write_json_atomic(dest / MANIFEST, full)
-        self._add_candidate(skey, {"key": key, "entry": dest.name, "headers": headers})
+        self._add_candidate(skey, {"key": key, "entry": dest.name, "headers": headers, "stamps": stamps})
         return Entry(dest, full)
 
     def _add_candidate(self, skey: str, cand: dict) -> None:

@@ -14,9 +14,9 @@ import time
 import uuid
 from pathlib import Path
 
-from kload.cache.key import file_sha256, full_key, workspace_key
+from kload.cache.key import file_sha256, full_key, stat_stamp, workspace_key
 from kload.cache.lock import build_lock
-from kload.cache.store import Entry, Store
+from kload.cache.store import Entry, Store, read_json, write_json_atomic
 
 from . import toolchain
 from .errors import CompileError, KloadError, parse_diagnostics
@@ -43,32 +43,64 @@ def _system_prefixes(with_cuda: bool) -> tuple[str, ...]:
     return tuple(os.path.join(p, "") for p in prefixes)
 
 
-def header_closure(ws: Path, plan_: Plan) -> dict[str, str]:
-    """Every local header the compiler read, with its content hash, from ninja's
-    record of the depfiles (``ninja -t deps``)."""
+def ninja_deps(ws: Path) -> dict[str, list[str]]:
+    """object file -> every file its compile read (ninja's record of the depfiles)."""
     proc = subprocess.run(["ninja", "-t", "deps"], cwd=ws, capture_output=True, text=True)
     if proc.returncode != 0:
         raise KloadError(f"kload: could not read the header dependencies in {ws}: {proc.stderr.strip()}")
+    deps: dict[str, list[str]] = {}
+    current: list[str] | None = None
+    for line in proc.stdout.splitlines():
+        if not line.strip():
+            continue
+        if not line.startswith(" "):
+            current = deps.setdefault(line.split(":", 1)[0], []) if "#deps" in line else None
+        elif current is not None:
+            current.append(os.path.normpath(os.path.join(ws, line.strip())))
+    return deps
+
+
+def header_closure(ws: Path, plan_: Plan) -> tuple[dict[str, str], dict[str, list | None]]:
+    """Every local header the compiler read, with its content hash and stat stamp."""
+    deps = ninja_deps(ws)
+    if not deps:
+        raise KloadError(f"kload: ninja recorded no header dependencies in {ws}; refusing to cache a build "
+                         "whose inputs cannot all be seen")
     skip = {str(p) for p in plan_.built}
     system = _system_prefixes(plan_.with_cuda)
     headers: dict[str, str] = {}
-    objects_with_deps = 0
-    for line in proc.stdout.splitlines():
-        if not line.startswith(" "):
-            if "#deps" in line:
-                objects_with_deps += 1
-            continue
-        p = os.path.normpath(os.path.join(ws, line.strip()))
+    stamps: dict[str, list | None] = {}
+    for p in sorted({p for files in deps.values() for p in files}):
         if p in skip or p.startswith(str(ws) + os.sep) or p.startswith(system):
             continue
+        before = stat_stamp(p)
         digest = file_sha256(p)
         if digest is None:
             raise KloadError(f"kload: a header the build read is unreadable now: {p}")
         headers[p] = digest
-    if objects_with_deps == 0:
-        raise KloadError(f"kload: ninja recorded no header dependencies in {ws}; refusing to cache a build "
-                         "whose inputs cannot all be seen")
-    return dict(sorted(headers.items()))
+        stamps[p] = before if stat_stamp(p) == before else None  # written meanwhile: always hash
+    return headers, stamps
+
+
+RECORD = "kload_inputs.json"  # in the build directory: content hashes of the last build's inputs
+
+
+def forget_stale_objects(ws: Path) -> None:
+    """ninja rebuilds by mtime; kload keys by content. Before a build, delete every
+    object whose recorded inputs changed content, so an edit whose mtime did not
+    move (restored, coarse clock, copied tree) is still compiled."""
+    record = read_json(ws / RECORD)
+    if not record:
+        return
+    changed = {p for p, sha in record.items() if file_sha256(p) != sha}
+    if not changed:
+        return
+    for obj, files in ninja_deps(ws).items():
+        if changed.intersection(files):
+            try:
+                os.unlink(ws / obj)
+            except FileNotFoundError:
+                pass
 
 
 def _write_atomic(path: Path, text: str) -> None:
@@ -123,13 +155,15 @@ def compile_plan(plan_: Plan, store: Store) -> tuple[Entry, float]:
             )
             sources.append(str(ns_src))
         artifact = ws / f"{name}.so"
+        forget_stale_objects(ws)
         started = time.perf_counter()
         _run_torch_build(plan_, ws, sources)
         seconds = time.perf_counter() - started
-        headers = header_closure(ws, plan_)
+        headers, stamps = header_closure(ws, plan_)
+        write_json_atomic(ws / RECORD, {**headers, **{s["path"]: s["sha256"] for s in plan_.inputs["sources"]}})
         key = full_key(plan_.skey, headers)
         entry = store.publish(
-            name=name, skey=plan_.skey, key=key, headers=headers, built_artifact=artifact,
+            name=name, skey=plan_.skey, key=key, headers=headers, stamps=stamps, built_artifact=artifact,
             manifest={
                 "namespace": namespace,
                 "style": plan_.sources.style,

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 from pathlib import Path
 
 from kload.cache.key import source_key
@@ -19,7 +18,10 @@ from .sources import SourceSet, scan
 
 log = logging.getLogger("kload")
 
-_IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
+
+
+def _is_c_identifier(name: str) -> bool:
+    return name.isidentifier() and name.isascii()  # no regex on the hit path
 _HERE = Path(__file__).resolve().parent
 # kload/kernels in an installed package; kernels/ beside loader/ in a checkout
 _KERNELS = _HERE / "kernels" if (_HERE / "kernels").is_dir() else _HERE.parent / "kernels"
@@ -43,7 +45,7 @@ class Options:
 
 
 def check_name(name: str) -> str:
-    if not isinstance(name, str) or not re.fullmatch(_IDENT, name):
+    if not isinstance(name, str) or not _is_c_identifier(name):
         raise ValueError(
             f"kload: name must be a C identifier (letters, digits, underscores; not starting with a digit), got {name!r}"
         )
@@ -51,8 +53,8 @@ def check_name(name: str) -> str:
 
 
 def default_name(path: Path) -> str:
-    stem = re.sub(r"\W", "_", path.stem)
-    return stem if re.fullmatch(_IDENT, stem) else f"_{stem}"
+    stem = "".join(c if c.isascii() and (c.isalnum() or c == "_") else "_" for c in path.stem)
+    return stem if _is_c_identifier(stem) else f"_{stem}"
 
 
 def _flag_list(value, what: str, kinds=(str,)) -> list:

@@ -343,3 +343,20 @@ def test_kernel_header_stays_lean(tmp_path):
     deps = subprocess.run(["c++", *flags, str(probe)], capture_output=True, text=True, check=True).stdout
     assert "torch/extension.h" not in deps and "pybind11" not in deps and "Python.h" not in deps
     assert "torch/library.h" in deps
+
+
+def test_header_rewrite_with_same_size_and_mtime_is_still_seen(vadd_dir):
+    """The stat fast path must not trust mtime: a same-size edit with its mtime put
+    back changes ctime, so the header is hashed and the edit is seen."""
+    src = str(vadd_dir / "vadd.cpp")
+    probe = """
+        import json, torch, kload
+        print(json.dumps(kload.load({src!r}).vector_add(torch.ones(1), torch.ones(1)).tolist()))
+    """.format(src=src)
+    header = vadd_dir / "scale.h"
+    assert run_py(probe) == [2.0]
+    st = header.stat()
+    header.write_text("#define SCALE 5.0f\n")  # same length as "1.0f"
+    os.utime(header, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert header.stat().st_size == st.st_size and header.stat().st_mtime_ns == st.st_mtime_ns
+    assert run_py(probe) == [10.0]
