@@ -2,14 +2,13 @@
 // operation (a + b), registered with the dispatcher instead of pybind11, and
 // compiled against <kload/kernel.h> instead of <torch/extension.h>.
 #include <kload/kernel.h>
-#include <ATen/ops/add.h>
 
 at::Tensor vector_add(const at::Tensor& a, const at::Tensor& b) {
   // 输入检查
   CHECK_INPUT(a);
   CHECK_INPUT(b);
   // 执行加法运算
-  return at::add(a, b);
+  return a.add(b);
 }
 
 KLOAD_LIBRARY(m) { m.def("vector_add(Tensor a, Tensor b) -> Tensor"); }

@@ -102,6 +102,9 @@ def format_compile_error(name: str, diagnostics: list[Diagnostic], log_path: Pat
             lines.append(f"  {d.location()}: error: {d.message}")
             if d.source_line is not None:
                 lines.append(f"    {d.line:>5} | {d.source_line.strip()}")
+            missing = re.search(r"[‘'`](\w+)[’'`] is not a member of [‘'`]at[’'`]", d.message)
+            if missing:
+                lines.append(f"    hint: <kload/kernel.h> is lean; add #include <ATen/ops/{missing[1]}.h>")
         if len(diagnostics) > len(shown):
             lines.append(f"  ... and {len(diagnostics) - len(shown)} more")
     else:

@@ -77,7 +77,7 @@ VECTOR_ADD = """\
       CHECK_INPUT(a);
       CHECK_INPUT(b);
       TORCH_CHECK(a.sizes() == b.sizes(), "vector_add: shapes differ: ", a.sizes(), " vs ", b.sizes());
-      auto out = at::empty_like(a);
+      auto out = a.new_empty(a.sizes());
       const float* pa = a.data_ptr<float>();
       const float* pb = b.data_ptr<float>();
       float* po = out.data_ptr<float>();

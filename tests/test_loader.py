@@ -360,3 +360,14 @@ def test_header_rewrite_with_same_size_and_mtime_is_still_seen(vadd_dir):
     os.utime(header, ns=(st.st_atime_ns, st.st_mtime_ns))
     assert header.stat().st_size == st.st_size and header.stat().st_mtime_ns == st.st_mtime_ns
     assert run_py(probe) == [10.0]
+
+
+def test_missing_aten_function_gets_an_include_hint(tmp_path):
+    src = write(tmp_path / "needs_ops.cpp", """\
+        #include <kload/kernel.h>
+        at::Tensor twin(const at::Tensor& a) { return at::empty_like(a); }
+        KLOAD_LIBRARY(m) { m.def("twin(Tensor a) -> Tensor"); }
+        KLOAD_IMPL(CPU, m) { m.impl("twin", &twin); }
+    """)
+    with pytest.raises(kload.CompileError, match=r"needs_ops.cpp:2:.*\n.*\n.*#include <ATen/ops/empty_like.h>"):
+        kload.load(src).twin

@@ -10,6 +10,9 @@
 #include <kload/kernel.h>
 #include <kload/cpu/parallel.h>
 #include <ATen/Dispatch.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <ATen/ops/zeros_like.h>
 
 #include <cmath>
 #include <cstring>

@@ -11,7 +11,9 @@
 #include <kload/cpu/gemm.h>
 #include <kload/cpu/parallel.h>
 #include <ATen/Dispatch.h>
-#include <ATen/ops/sum.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <ATen/ops/zeros_like.h>
 
 #include <vector>
 

@@ -2,6 +2,9 @@
 // half and bfloat16. Launched on the current stream under a device guard.
 #include <kload/kernel.h>
 #include <ATen/Dispatch.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <ATen/ops/zeros_like.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>

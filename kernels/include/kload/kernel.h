@@ -14,14 +14,12 @@
 // one source recompiles only that source.
 #pragma once
 
+// Tensor's methods come with it: a.add(b), a.new_empty(a.sizes()), a.new_zeros({n}),
+// a.contiguous(). Free functions (at::empty_like, at::matmul, ...) each need
+// #include <ATen/ops/NAME.h>: every one of those pulls in ATen/Context.h (~1 s),
+// so this header includes none.
 #include <ATen/core/Tensor.h>
 #include <torch/library.h>
-// The factories nearly every op needs; any other at:: function is one cheap
-// per-operator header away: #include <ATen/ops/NAME.h>.
-#include <ATen/ops/empty.h>
-#include <ATen/ops/empty_like.h>
-#include <ATen/ops/zeros.h>
-#include <ATen/ops/zeros_like.h>
 
 #include <optional>
 
