@@ -130,12 +130,14 @@ def compiler_identity(command: str, cache_root: Path) -> dict:
     path = shutil.which(command)
     if path is None:
         raise KloadError(f"kload: compiler {command!r} not found on PATH (set CXX to a C++ compiler)")
-    real = os.path.realpath(path)
-    st = os.stat(real)
-    stamp = f"{real}|{st.st_size}|{st.st_mtime_ns}"
+    st = os.stat(path)  # follows links: a re-pointed link changes the inode
+    stamp = f"{path}|{st.st_ino}|{st.st_size}|{st.st_mtime_ns}"
     known = memo(cache_root)
-    version = known.get(stamp)
-    if version is None:
+    found = known.get(stamp)
+    if isinstance(found, list):
+        real, version = found
+    else:
+        real = os.path.realpath(path)
         import subprocess
 
         try:
@@ -145,6 +147,6 @@ def compiler_identity(command: str, cache_root: Path) -> dict:
         lines = [t for t in (proc.stdout or proc.stderr).splitlines() if t.strip()]
         # gcc/clang name themselves on line 1; nvcc says "release X.Y" further down
         version = " | ".join(lines[:1] + [t for t in lines[1:] if "release" in t.lower()]) or "unknown"
-        known[stamp] = version
+        known[stamp] = [real, version]
         save_memo(cache_root)
     return {"command": command, "path": real, "version": version}
