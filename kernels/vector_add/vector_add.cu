@@ -1,13 +1,8 @@
 // vector_add — CUDA: one thread per element, grid-stride loop; float, double,
 // half and bfloat16. Launched on the current stream under a device guard.
 #include <kload/kernel.h>
-#include <ATen/Dispatch.h>
-#include <ATen/ops/empty.h>
+#include <kload/cuda/common.cuh>
 #include <ATen/ops/empty_like.h>
-#include <ATen/ops/zeros_like.h>
-#include <c10/cuda/CUDAException.h>
-#include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
 
 namespace {
 
@@ -40,7 +35,7 @@ at::Tensor vector_add_cuda(const at::Tensor& a_in, const at::Tensor& b_in) {
   if (n == 0) return out;
   // the tutorial's section 4.1 passes these the other way round: blocks first, then threads per block
   const int threads = 256;
-  const int blocks = static_cast<int>(std::min<int64_t>((n + threads - 1) / threads, 65535 * 8));
+  const int blocks = kload::cuda::blocks_for(n, threads);
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, a.scalar_type(), "vector_add_cuda", [&] {
     vector_add_kernel<scalar_t><<<blocks, threads, 0, stream>>>(
