@@ -40,6 +40,12 @@ def debug() -> bool:
     return _flag("KLOAD_DEBUG")
 
 
+def fast_link() -> bool:
+    """``KLOAD_FAST_LINK`` (default 1): link with gold where ``ld.gold`` exists
+    (never when the caller's ldflags choose a linker). 0 keeps the compiler's default."""
+    return _flag("KLOAD_FAST_LINK", True)
+
+
 def max_jobs() -> str | None:
     """``MAX_JOBS``: parallel compile jobs (read by torch.utils.cpp_extension)."""
     return os.environ.get("MAX_JOBS")

@@ -129,6 +129,9 @@ def plan(opts: Options, store: Store) -> Plan:
     # Bind each library's calls to its own functions: a process that loaded an
     # older build of the same code must not serve the newer build's calls.
     ldflags = list(opts.ldflags) + ["-Wl,-Bsymbolic-functions"]
+    # gold links against libtorch's large symbol tables ~3x faster than bfd
+    if knobs.fast_link() and not any(f.startswith("-fuse-ld") for f in ldflags) and toolchain.has_gold():
+        ldflags.append("-fuse-ld=gold")
     if opts.debug:
         cflags += ["-g", "-O0"]
         cuda_cflags += ["-g", "-G", "-O0"]

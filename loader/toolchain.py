@@ -67,6 +67,11 @@ def host_cpu() -> str:
     return f"{model} flags:{hashlib.sha256(flags.encode()).hexdigest()[:16]}"
 
 
+@lru_cache(maxsize=None)
+def has_gold() -> bool:
+    return shutil.which("ld.gold") is not None
+
+
 def keyed_environment() -> dict:
     return {k: os.environ[k] for k in knobs.KEYED_ENV if k in os.environ}
 
