@@ -8,6 +8,7 @@
 // float32 uses polynomial erf/exp on 16-lane vectors (|error| < 1e-6); float64
 // uses std::erf/std::exp.
 #include <kload/kernel.h>
+#include "bias_gelu.h"
 #include <kload/cpu/parallel.h>
 #include <ATen/Dispatch.h>
 #include <ATen/ops/empty.h>
@@ -19,6 +20,8 @@
 #include <vector>
 
 namespace {
+
+using namespace kload_bias_gelu;
 
 constexpr double kSqrtHalf = 0.70710678118654752440;
 constexpr double kInvSqrt2Pi = 0.39894228040143267794;
@@ -131,15 +134,6 @@ inline void backward_row(const double* g, const double* x, const double* b, doub
   }
 }
 
-void check_bias_gelu(const at::Tensor& x, const at::Tensor& bias) {
-  TORCH_CHECK(x.dim() >= 1, "bias_gelu: x must have at least 1 dimension, got a scalar");
-  TORCH_CHECK(bias.dim() == 1 && bias.size(0) == x.size(-1), "bias_gelu: bias must have shape [", x.size(-1),
-              "] (x's last dimension), got ", bias.sizes());
-  TORCH_CHECK(x.device() == bias.device(), "bias_gelu: x and bias must be on the same device, got ", x.device(),
-              " and ", bias.device());
-  TORCH_CHECK(x.scalar_type() == bias.scalar_type(), "bias_gelu: x and bias must have the same dtype, got ",
-              x.scalar_type(), " and ", bias.scalar_type());
-}
 void check_cpu_dtype(const at::Tensor& x) {
   TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kDouble,
               "bias_gelu (CPU): expected float32 or float64, got ", x.scalar_type());

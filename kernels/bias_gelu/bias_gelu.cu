@@ -1,6 +1,7 @@
 // bias_gelu — CUDA: y = gelu(x + bias) and its backward, one thread per element
 // (grid-stride), fp32 math for half/bfloat16; grad_bias by a column reduction.
 #include <kload/kernel.h>
+#include "bias_gelu.h"
 #include <kload/cuda/common.cuh>
 #include <ATen/ops/empty_like.h>
 
@@ -31,13 +32,7 @@ __global__ void bias_gelu_backward_kernel(const T* __restrict__ grad, const T* _
 void check(const at::Tensor& x, const at::Tensor& bias) {
   CHECK_CUDA(x);
   CHECK_CUDA(bias);
-  TORCH_CHECK(x.dim() >= 1, "bias_gelu: x must have at least 1 dimension, got a scalar");
-  TORCH_CHECK(bias.dim() == 1 && bias.size(0) == x.size(-1), "bias_gelu: bias must have shape [", x.size(-1),
-              "] (x's last dimension), got ", bias.sizes());
-  TORCH_CHECK(x.device() == bias.device(), "bias_gelu: x and bias must be on the same device, got ", x.device(),
-              " and ", bias.device());
-  TORCH_CHECK(x.scalar_type() == bias.scalar_type(), "bias_gelu: x and bias must have the same dtype, got ",
-              x.scalar_type(), " and ", bias.scalar_type());
+  kload_bias_gelu::check_bias_gelu(x, bias);
 }
 
 at::Tensor bias_gelu_cuda(const at::Tensor& x_in, const at::Tensor& bias_in) {

@@ -2,19 +2,18 @@
 // per input element (grad_x) and per weight (grad_w); fp32 accumulation for
 // half/bfloat16. Readable and exact, not tuned (cuDNN is the fast path).
 #include <kload/kernel.h>
+#include "conv2d.h"
 #include <kload/cuda/common.cuh>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
 
 namespace {
 
-struct Geo {
-  int64_t N, C, H, W, OC, KH, KW, SH, SW, PH, PW, OH, OW;
-};
+using kload_conv2d::Geometry;
 
 template <typename T>
 __global__ void conv2d_forward_kernel(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias,
-                                      T* __restrict__ out, Geo g) {
+                                      T* __restrict__ out, Geometry g) {
   using A = kload::cuda::acc_t<T>;
   const int64_t total = g.N * g.OC * g.OH * g.OW;
   for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < total;
@@ -38,7 +37,7 @@ __global__ void conv2d_forward_kernel(const T* __restrict__ x, const T* __restri
 }
 
 template <typename T>
-__global__ void conv2d_grad_x_kernel(const T* __restrict__ grad, const T* __restrict__ w, T* __restrict__ gx, Geo g) {
+__global__ void conv2d_grad_x_kernel(const T* __restrict__ grad, const T* __restrict__ w, T* __restrict__ gx, Geometry g) {
   using A = kload::cuda::acc_t<T>;
   const int64_t total = g.N * g.C * g.H * g.W;
   for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < total;
@@ -65,7 +64,7 @@ __global__ void conv2d_grad_x_kernel(const T* __restrict__ grad, const T* __rest
 }
 
 template <typename T>
-__global__ void conv2d_grad_w_kernel(const T* __restrict__ grad, const T* __restrict__ x, T* __restrict__ gw, Geo g) {
+__global__ void conv2d_grad_w_kernel(const T* __restrict__ grad, const T* __restrict__ x, T* __restrict__ gw, Geometry g) {
   using A = kload::cuda::acc_t<T>;
   const int64_t total = g.OC * g.C * g.KH * g.KW;
   for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < total;
@@ -88,39 +87,18 @@ __global__ void conv2d_grad_w_kernel(const T* __restrict__ grad, const T* __rest
   }
 }
 
-Geo check(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& bias, at::IntArrayRef stride,
-          at::IntArrayRef padding) {
+Geometry check(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& bias,
+               at::IntArrayRef stride, at::IntArrayRef padding) {
   CHECK_CUDA(x);
   CHECK_CUDA(w);
-  TORCH_CHECK(x.dim() == 4, "conv2d: x must be 4-D [N, C, H, W], got shape ", x.sizes());
-  TORCH_CHECK(w.dim() == 4, "conv2d: w must be 4-D [OC, C, kh, kw], got shape ", w.sizes());
-  TORCH_CHECK(x.device() == w.device(), "conv2d: x and w must be on the same device, got ", x.device(), " and ",
-              w.device());
-  TORCH_CHECK(x.scalar_type() == w.scalar_type(), "conv2d: x and w must have the same dtype, got ",
-              x.scalar_type(), " and ", w.scalar_type());
-  TORCH_CHECK(x.size(1) == w.size(1), "conv2d: x has ", x.size(1), " channels but w expects ", w.size(1));
-  TORCH_CHECK(stride.size() == 2 && padding.size() == 2, "conv2d: stride and padding must have 2 values");
-  TORCH_CHECK(stride[0] >= 1 && stride[1] >= 1, "conv2d: stride must be >= 1, got ", stride);
-  TORCH_CHECK(padding[0] >= 0 && padding[1] >= 0, "conv2d: padding must be >= 0, got ", padding);
-  if (bias.has_value() && bias->defined())
-    TORCH_CHECK(bias->dim() == 1 && bias->size(0) == w.size(0) && bias->device() == x.device() &&
-                    bias->scalar_type() == x.scalar_type(),
-                "conv2d: bias must be [", w.size(0), "] on x's device with x's dtype, got ", bias->sizes(), " ",
-                bias->device(), " ", bias->scalar_type());
-  Geo g{x.size(0), x.size(1), x.size(2), x.size(3), w.size(0), w.size(2), w.size(3),
-        stride[0], stride[1], padding[0], padding[1], 0, 0};
-  TORCH_CHECK(g.KH <= g.H + 2 * g.PH && g.KW <= g.W + 2 * g.PW, "conv2d: kernel ", g.KH, "x", g.KW,
-              " is larger than the padded input ", g.H + 2 * g.PH, "x", g.W + 2 * g.PW);
-  g.OH = (g.H + 2 * g.PH - g.KH) / g.SH + 1;
-  g.OW = (g.W + 2 * g.PW - g.KW) / g.SW + 1;
-  return g;
+  return kload_conv2d::check_conv2d(x, w, bias, stride, padding);
 }
 
 constexpr int kThreads = 256;
 
 at::Tensor conv2d_cuda(const at::Tensor& x_in, const at::Tensor& w_in, const std::optional<at::Tensor>& bias_in,
                        at::IntArrayRef stride, at::IntArrayRef padding) {
-  const Geo g = check(x_in, w_in, bias_in, stride, padding);
+  const Geometry g = check(x_in, w_in, bias_in, stride, padding);
   const c10::cuda::CUDAGuard guard(x_in.device());
   const at::Tensor x = x_in.contiguous(), w = w_in.contiguous();
   const bool has_bias = bias_in.has_value() && bias_in->defined();
@@ -140,7 +118,7 @@ at::Tensor conv2d_cuda(const at::Tensor& x_in, const at::Tensor& w_in, const std
 std::tuple<at::Tensor, at::Tensor> conv2d_backward_cuda(const at::Tensor& grad_in, const at::Tensor& x_in,
                                                         const at::Tensor& w_in, at::IntArrayRef stride,
                                                         at::IntArrayRef padding) {
-  const Geo g = check(x_in, w_in, std::nullopt, stride, padding);
+  const Geometry g = check(x_in, w_in, std::nullopt, stride, padding);
   CHECK_CUDA(grad_in);
   TORCH_CHECK(grad_in.dim() == 4 && grad_in.size(0) == g.N && grad_in.size(1) == g.OC && grad_in.size(2) == g.OH &&
                   grad_in.size(3) == g.OW,

@@ -4,6 +4,7 @@
 // contiguous bands of rows of `out` (each packs B itself: no sharing, no locks).
 // float64 uses the generic blocked loop. Non-contiguous inputs are made contiguous.
 #include <kload/kernel.h>
+#include "matmul.h"
 #include <kload/cpu/gemm.h>
 #include <kload/cpu/parallel.h>
 #include <ATen/Dispatch.h>
@@ -13,15 +14,7 @@
 
 namespace {
 
-void check_matmul(const at::Tensor& a, const at::Tensor& b) {
-  TORCH_CHECK(a.dim() == 2 && b.dim() == 2, "matmul: expected 2-D tensors [M, K] and [K, N], got shapes ",
-              a.sizes(), " and ", b.sizes());
-  TORCH_CHECK(a.size(1) == b.size(0), "matmul: inner dimensions differ: a is ", a.sizes(), ", b is ", b.sizes());
-  TORCH_CHECK(a.device() == b.device(), "matmul: a and b must be on the same device, got ", a.device(), " and ",
-              b.device());
-  TORCH_CHECK(a.scalar_type() == b.scalar_type(), "matmul: a and b must have the same dtype, got ",
-              a.scalar_type(), " and ", b.scalar_type());
-}
+using namespace kload_matmul;
 
 at::Tensor matmul_cpu(const at::Tensor& a_in, const at::Tensor& b_in) {
   check_matmul(a_in, b_in);

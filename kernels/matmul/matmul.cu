@@ -2,6 +2,7 @@
 // accumulation in fp32 for half/bfloat16. (cuBLAS is faster; this is the
 // readable reference a user starts from.)
 #include <kload/kernel.h>
+#include "matmul.h"
 #include <kload/cuda/common.cuh>
 #include <ATen/ops/empty.h>
 
@@ -33,14 +34,7 @@ __global__ void matmul_kernel(const T* __restrict__ a, const T* __restrict__ b, 
 at::Tensor matmul_cuda(const at::Tensor& a_in, const at::Tensor& b_in) {
   CHECK_CUDA(a_in);
   CHECK_CUDA(b_in);
-  TORCH_CHECK(a_in.dim() == 2 && b_in.dim() == 2, "matmul: expected 2-D tensors [M, K] and [K, N], got shapes ",
-              a_in.sizes(), " and ", b_in.sizes());
-  TORCH_CHECK(a_in.size(1) == b_in.size(0), "matmul: inner dimensions differ: a is ", a_in.sizes(), ", b is ",
-              b_in.sizes());
-  TORCH_CHECK(a_in.device() == b_in.device(), "matmul: a and b must be on the same device, got ", a_in.device(),
-              " and ", b_in.device());
-  TORCH_CHECK(a_in.scalar_type() == b_in.scalar_type(), "matmul: a and b must have the same dtype, got ",
-              a_in.scalar_type(), " and ", b_in.scalar_type());
+  kload_matmul::check_matmul(a_in, b_in);
   const c10::cuda::CUDAGuard guard(a_in.device());
   const at::Tensor a = a_in.contiguous(), b = b_in.contiguous();
   const int64_t M = a.size(0), K = a.size(1), N = b.size(1);

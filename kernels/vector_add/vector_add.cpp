@@ -3,6 +3,7 @@
 // CPU: each OpenMP thread adds one contiguous chunk with a SIMD inner loop
 // (tutorial sections 5.1 and 5.2). Non-contiguous inputs are made contiguous.
 #include <kload/kernel.h>
+#include "vector_add.h"
 #include <kload/cpu/parallel.h>
 #include <ATen/Dispatch.h>
 #include <ATen/ops/empty.h>
@@ -11,14 +12,7 @@
 
 namespace {
 
-void check_vector_add(const at::Tensor& a, const at::Tensor& b) {
-  TORCH_CHECK(a.device() == b.device(), "vector_add: a and b must be on the same device, got ", a.device(),
-              " and ", b.device());
-  TORCH_CHECK(a.scalar_type() == b.scalar_type(), "vector_add: a and b must have the same dtype, got ",
-              a.scalar_type(), " and ", b.scalar_type());
-  TORCH_CHECK(a.sizes() == b.sizes(), "vector_add: a and b must have the same shape, got ", a.sizes(), " and ",
-              b.sizes());
-}
+using namespace kload_vector_add;
 
 // Pragmas cannot sit inside AT_DISPATCH's macro argument: the loops live here.
 template <typename T>

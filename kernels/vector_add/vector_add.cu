@@ -1,6 +1,7 @@
 // vector_add — CUDA: one thread per element, grid-stride loop; float, double,
 // half and bfloat16. Launched on the current stream under a device guard.
 #include <kload/kernel.h>
+#include "vector_add.h"
 #include <kload/cuda/common.cuh>
 #include <ATen/ops/empty_like.h>
 
@@ -22,12 +23,7 @@ __global__ void vector_add_kernel<double>(const double* __restrict__ a, const do
 at::Tensor vector_add_cuda(const at::Tensor& a_in, const at::Tensor& b_in) {
   CHECK_CUDA(a_in);
   CHECK_CUDA(b_in);
-  TORCH_CHECK(a_in.device() == b_in.device(), "vector_add: a and b must be on the same device, got ", a_in.device(),
-              " and ", b_in.device());
-  TORCH_CHECK(a_in.scalar_type() == b_in.scalar_type(), "vector_add: a and b must have the same dtype, got ",
-              a_in.scalar_type(), " and ", b_in.scalar_type());
-  TORCH_CHECK(a_in.sizes() == b_in.sizes(), "vector_add: a and b must have the same shape, got ", a_in.sizes(),
-              " and ", b_in.sizes());
+  kload_vector_add::check_vector_add(a_in, b_in);
   const c10::cuda::CUDAGuard guard(a_in.device());
   const at::Tensor a = a_in.contiguous(), b = b_in.contiguous();
   at::Tensor out = at::empty_like(a, at::MemoryFormat::Contiguous);
