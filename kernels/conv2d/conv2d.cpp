@@ -142,10 +142,7 @@ std::tuple<at::Tensor, at::Tensor> conv2d_backward_cpu(const at::Tensor& grad_in
                                                        at::IntArrayRef padding) {
   const Geometry g = check_conv2d(x_in, w_in, std::nullopt, stride, padding);
   check_cpu_dtype(x_in);
-  TORCH_CHECK(grad_in.dim() == 4 && grad_in.size(0) == g.N && grad_in.size(1) == g.OC && grad_in.size(2) == g.OH &&
-                  grad_in.size(3) == g.OW,
-              "conv2d_backward: grad has shape ", grad_in.sizes(), ", expected [", g.N, ", ", g.OC, ", ", g.OH, ", ",
-              g.OW, "]");
+  check_conv2d_grad(grad_in, g);
   const at::Tensor x = x_in.contiguous(), w = w_in.contiguous(), grad = grad_in.contiguous();
   at::Tensor grad_x = at::zeros_like(x), grad_w = at::zeros_like(w);
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "conv2d_backward_cpu",

@@ -120,10 +120,7 @@ std::tuple<at::Tensor, at::Tensor> conv2d_backward_cuda(const at::Tensor& grad_i
                                                         at::IntArrayRef padding) {
   const Geometry g = check(x_in, w_in, std::nullopt, stride, padding);
   CHECK_CUDA(grad_in);
-  TORCH_CHECK(grad_in.dim() == 4 && grad_in.size(0) == g.N && grad_in.size(1) == g.OC && grad_in.size(2) == g.OH &&
-                  grad_in.size(3) == g.OW,
-              "conv2d_backward: grad has shape ", grad_in.sizes(), ", expected [", g.N, ", ", g.OC, ", ", g.OH, ", ",
-              g.OW, "]");
+  kload_conv2d::check_conv2d_grad(grad_in, g);
   const c10::cuda::CUDAGuard guard(x_in.device());
   const at::Tensor x = x_in.contiguous(), w = w_in.contiguous(), grad = grad_in.contiguous();
   at::Tensor gx = at::empty_like(x, at::MemoryFormat::Contiguous), gw = at::empty_like(w, at::MemoryFormat::Contiguous);

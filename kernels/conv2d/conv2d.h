@@ -40,4 +40,11 @@ inline Geometry check_conv2d(const at::Tensor& x, const at::Tensor& w, const std
   return g;
 }
 
+inline void check_conv2d_grad(const at::Tensor& grad, const Geometry& g) {
+  TORCH_CHECK(grad.dim() == 4 && grad.size(0) == g.N && grad.size(1) == g.OC && grad.size(2) == g.OH &&
+                  grad.size(3) == g.OW,
+              "conv2d_backward: grad has shape ", grad.sizes(), ", expected [", g.N, ", ", g.OC, ", ", g.OH, ", ",
+              g.OW, "]");
+}
+
 }  // namespace kload_conv2d
