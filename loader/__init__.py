@@ -20,6 +20,13 @@ __version__ = "0.1.0"
 logging.getLogger("kload").addHandler(logging.NullHandler())
 
 
+def load_ipython_extension(ipython):
+    """``%load_ext kload``: the ``%%kload`` cell magic and the ``%kload`` line magic."""
+    from .magic import load_ipython_extension as register
+
+    register(ipython)
+
+
 def __getattr__(name):
     # `kload.kernels` (the shipped kernels) is imported on first use only
     if name == "kernels":

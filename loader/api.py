@@ -13,16 +13,20 @@ from .sources import resolve_paths
 
 
 def load(*sources, name=None, extra_cflags=(), extra_cuda_cflags=(), extra_ldflags=(),
-         extra_include_paths=(), verbose=False, debug=None) -> Handle:
+         extra_include_paths=(), verbose=False, debug=None, reload=None) -> Handle:
     """A handle to the ops in ``sources`` (.cpp/.cu); nothing compiles until first use.
 
+    ``debug=True`` builds with ``-g -O0`` (CUDA: ``-G``) into an entry of its own
+    (default: ``KLOAD_DEBUG``). ``reload=True`` watches the sources and the headers
+    they include, and the next access after a save runs the new code (default:
+    ``KLOAD_RELOAD``, else on in IPython/Jupyter and interactive sessions).
     Missing files, unsupported suffixes and malformed options raise here, at once.
     """
     if len(sources) == 1 and isinstance(sources[0], (list, tuple)):
         sources = tuple(sources[0])
     paths = resolve_paths(list(sources))
     opts = make_options(name, paths, extra_cflags, extra_cuda_cflags, extra_ldflags,
-                        extra_include_paths, verbose, debug)
+                        extra_include_paths, verbose, debug, reload)
     return Handle(opts)
 
 
@@ -36,13 +40,36 @@ def _as_text(value, what: str) -> str:
     raise TypeError(f"kload: {what} must be a string or a list of strings, got {type(value).__name__}")
 
 
-def _default_include(text: str) -> str:
+def default_header(text: str) -> str:
     """Like torch's load_inline: a source without a single #include gets the header
-    its binding style needs."""
+    its binding style needs ("" when it has includes of its own)."""
     if "#include" in text:
-        return text
-    header = "<torch/extension.h>" if "PYBIND11_MODULE" in text else "<kload/kernel.h>"
-    return f"#include {header}\n{text}"
+        return ""
+    return "#include <torch/extension.h>\n" if "PYBIND11_MODULE" in text else "#include <kload/kernel.h>\n"
+
+
+def inline_folder(name: str, files: dict[str, str]) -> Path:
+    """The cache's folder for these source strings (named by their content)."""
+    h = hashlib.sha256()
+    for fname, text in sorted(files.items()):
+        h.update(fname.encode() + b"\0" + text.encode() + b"\0")
+    folder = knobs.cache_dir() / "inline" / f"{name}-{h.hexdigest()[:16]}"
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return folder
+
+
+def write_files(folder: Path, files: dict[str, str]) -> dict[str, Path]:
+    """Write each file unless it holds that text already (atomically: a reader never
+    sees half a file)."""
+    out = {}
+    for fname, text in files.items():
+        path = folder / fname
+        if not path.exists() or path.read_text() != text:
+            tmp = path.with_name(f".{fname}.{os.getpid()}.tmp")
+            tmp.write_text(text)
+            os.replace(tmp, path)
+        out[fname] = path
+    return out
 
 
 def load_inline(name, cpp_sources, cuda_sources=None, **options) -> Handle:
@@ -54,20 +81,9 @@ def load_inline(name, cpp_sources, cuda_sources=None, **options) -> Handle:
         raise KloadError("kload: load_inline() needs cpp_sources or cuda_sources")
     files = {}
     if cpp.strip():
-        files[f"{name}.cpp"] = _default_include(cpp)
+        files[f"{name}.cpp"] = default_header(cpp) + cpp
     if cuda.strip():
-        files[f"{name}_cuda.cu"] = _default_include(cuda)
-    h = hashlib.sha256()
-    for fname, text in sorted(files.items()):
-        h.update(fname.encode() + b"\0" + text.encode() + b"\0")
-    folder = knobs.cache_dir() / "inline" / f"{name}-{h.hexdigest()[:16]}"
-    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-    paths = []
-    for fname, text in files.items():
-        path = folder / fname
-        if not path.exists() or path.read_text() != text:
-            tmp = path.with_name(f".{fname}.{os.getpid()}.tmp")
-            tmp.write_text(text)
-            os.replace(tmp, path)
-        paths.append(path)
-    return load(*paths, name=name, **options)
+        files[f"{name}_cuda.cu"] = default_header(cuda) + cuda
+    paths = write_files(inline_folder(name, files), files)
+    options.setdefault("reload", False)  # strings do not change on disk
+    return load(*paths.values(), name=name, **options)

@@ -21,6 +21,7 @@ from kload.cache.store import Entry, Store, read_json, write_json_atomic
 from . import toolchain
 from .errors import CompileError, KloadError, parse_diagnostics
 from .plan import Plan, include_dir
+from .progress import BuildProgress
 
 log = logging.getLogger("kload")
 
@@ -157,8 +158,10 @@ def compile_plan(plan_: Plan, store: Store) -> tuple[Entry, float]:
         artifact = ws / f"{name}.so"
         forget_stale_objects(ws)
         started = time.perf_counter()
-        _run_torch_build(plan_, ws, sources)
-        seconds = time.perf_counter() - started
+        with BuildProgress(name, ws) as progress:
+            _run_torch_build(plan_, ws, sources)
+            seconds = time.perf_counter() - started
+            progress.finish(f"kload: built {name} in {seconds:.1f} s")
         headers, stamps = header_closure(ws, plan_)
         write_json_atomic(ws / RECORD, {**headers, **{s["path"]: s["sha256"] for s in plan_.inputs["sources"]}})
         key = full_key(plan_.skey, headers)

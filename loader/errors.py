@@ -19,6 +19,10 @@ class CompileError(KloadError):
         self.raw = raw
         super().__init__(format_compile_error(name, diagnostics, log_path, raw))
 
+    def _render_traceback_(self):
+        """IPython/Jupyter show this short digest instead of a traceback through kload."""
+        return [f"CompileError: {self.args[0].splitlines()[0]}"] + self.args[0].splitlines()[1:]
+
 
 class Diagnostic:
     """One compiler error: where, what, and the offending source line."""

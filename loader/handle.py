@@ -13,7 +13,9 @@ import time
 from kload.cache.store import Entry, Store
 
 from . import knobs
+from .errors import KloadError
 from .plan import Options, plan
+from .progress import say
 from .runtime import Loaded, check_fixed_namespaces, load_entry
 
 log = logging.getLogger("kload")
@@ -48,6 +50,9 @@ class Handle:
         d["_mutex"] = threading.RLock()
         d["_loaded"] = None
         d["_entry"] = None
+        d["_stale"] = False       # a watched file changed: rebuild at the next access
+        d["_files"] = set()       # what the watcher looks at (sources + local headers)
+        d["_last_error"] = None   # the rebuild error reported last (each is reported once)
 
     # -- public API (few names, so they rarely shadow an op; ops stay reachable via .ops) --
     def build(self) -> str:
@@ -62,6 +67,13 @@ class Handle:
         """Build if needed and load into this process; returns the handle."""
         self._ensure()
         return self
+
+    def reload(self) -> bool:
+        """Check the sources and headers now; rebuild and switch to the new code if
+        they changed. True when new code was loaded. A failed rebuild is reported
+        and the last good build keeps serving."""
+        self.__dict__["_stale"] = True
+        return self._refresh()
 
     @property
     def ops(self):
@@ -93,10 +105,10 @@ class Handle:
         self.__dict__["_entry"] = entry
         HISTORY.append({"name": self._opts.name, "how": how, "seconds": seconds, "key": entry.key,
                         "path": str(entry.artifact), "time": time.time()})
-        if how == "built":
-            log.info("kload: built %s in %.1f s", self._opts.name, seconds)
-        else:
-            log.info("kload: loaded %s from cache in %.0f ms", self._opts.name, seconds * 1e3)
+        if how != "built":  # a build's summary replaced its progress line already
+            ms = seconds * 1e3
+            say(f"kload: loaded {self._opts.name} from cache in {ms:.1f} ms" if ms < 10 else
+                f"kload: loaded {self._opts.name} from cache in {ms:.0f} ms")
 
     def _ensure(self) -> Loaded:
         loaded = self._loaded
@@ -110,11 +122,59 @@ class Handle:
                 else:
                     how = "cache"
                 self.__dict__["_loaded"] = load_entry(self._entry, just_built=(how == "built"))
+                self._watch()
             return self._loaded
+
+    def _watch(self) -> None:
+        files = [str(p) for p in self._opts.paths] + list(self._entry.manifest.get("headers", {}))
+        if self._opts.reload:
+            from .watch import watch
+
+            watch(self, files)
+        else:
+            self.__dict__["_files"] = set(files)
+
+    def _drop_ops(self) -> None:
+        for attr in [a for a in self.__dict__ if not a.startswith("_")]:
+            self.__dict__.pop(attr, None)
+
+    def _mark_stale(self) -> None:
+        """Called by the watcher thread: the next access of an op rebuilds."""
+        self.__dict__["_stale"] = True
+        self._drop_ops()
+
+    def _refresh(self) -> bool:
+        with self._mutex:
+            if not self._stale:
+                return False
+            self.__dict__["_stale"] = False
+            if self._loaded is None:  # never loaded: the first access builds anyway
+                self.__dict__["_entry"] = None
+                return False
+            try:
+                entry, how, seconds = resolve_entry(self._opts)
+                if entry.key == self._entry.key:
+                    return False
+                loaded = load_entry(entry, just_built=(how == "built"))
+            except (KloadError, OSError) as e:
+                text = str(e)
+                if text != self._last_error:
+                    self.__dict__["_last_error"] = text
+                    say(f"kload: rebuilding {self._opts.name} failed; still running the last good build.\n{text}",
+                        error=True)
+                return False
+            self.__dict__["_last_error"] = None
+            self._record(entry, how, seconds)
+            self.__dict__["_loaded"] = loaded
+            self._drop_ops()
+            self._watch()
+            return True
 
     def __getattr__(self, attr: str):
         if attr.startswith("_"):
             raise AttributeError(attr)
+        if self._stale:
+            self._refresh()
         loaded = self._ensure()
         value = loaded.resolve(attr)
         if value is None:
@@ -130,7 +190,7 @@ class Handle:
         raise AttributeError(f"kload: a handle's attributes are its ops; cannot set {attr!r}")
 
     def __dir__(self):
-        base = ["build", "load", "ops", "module", "namespace", "names"]
+        base = ["build", "load", "reload", "ops", "module", "namespace", "names"]
         return base + (self._loaded.names() if self._loaded is not None else [])
 
     def __repr__(self) -> str:

@@ -40,6 +40,23 @@ def debug() -> bool:
     return _flag("KLOAD_DEBUG")
 
 
+def reload() -> bool:
+    """``KLOAD_RELOAD``: 1 watches every handle's files and rebuilds on save, 0 never;
+    unset: on in IPython/Jupyter and ``python -i``, off in scripts."""
+    value = os.environ.get("KLOAD_RELOAD")
+    if value is not None and value.strip() != "":
+        return _flag("KLOAD_RELOAD")
+    import sys
+
+    if "IPython" in sys.modules:
+        try:
+            if sys.modules["IPython"].get_ipython() is not None:
+                return True
+        except Exception:  # noqa: BLE001
+            pass
+    return bool(sys.flags.interactive) or hasattr(sys, "ps1")
+
+
 def fast_link() -> bool:
     """``KLOAD_FAST_LINK`` (default 1): link with gold where ``ld.gold`` exists
     (never when the caller's ldflags choose a linker). 0 keeps the compiler's default."""

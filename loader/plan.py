@@ -35,13 +35,15 @@ def include_dir() -> Path:
 class Options:
     """What the caller asked for, validated."""
 
-    __slots__ = ("name", "paths", "cflags", "cuda_cflags", "ldflags", "include_paths", "verbose", "debug")
+    __slots__ = ("name", "paths", "cflags", "cuda_cflags", "ldflags", "include_paths", "verbose", "debug",
+                 "reload")
 
     def __init__(self, name, paths, cflags=(), cuda_cflags=(), ldflags=(), include_paths=(), verbose=False,
-                 debug=False):
+                 debug=False, reload=False):
         self.name, self.paths = name, list(paths)
         self.cflags, self.cuda_cflags, self.ldflags = list(cflags), list(cuda_cflags), list(ldflags)
         self.include_paths, self.verbose, self.debug = list(include_paths), verbose, debug
+        self.reload = reload  # watch the files and rebuild on save (not part of the key)
 
 
 def check_name(name: str) -> str:
@@ -70,7 +72,7 @@ def _flag_list(value, what: str, kinds=(str,)) -> list:
 
 
 def make_options(name, paths, extra_cflags, extra_cuda_cflags, extra_ldflags, extra_include_paths,
-                 verbose, debug) -> Options:
+                 verbose, debug, reload=None) -> Options:
     incs = [str(Path(p).expanduser().absolute()) for p in _flag_list(extra_include_paths, "extra_include_paths", (str, os.PathLike))]
     for inc in incs:
         if not Path(inc).is_dir():
@@ -84,6 +86,7 @@ def make_options(name, paths, extra_cflags, extra_cuda_cflags, extra_ldflags, ex
         include_paths=incs,
         verbose=bool(verbose),
         debug=knobs.debug() if debug is None else bool(debug),
+        reload=knobs.reload() if reload is None else bool(reload),
     )
 
 

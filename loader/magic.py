@@ -1,0 +1,109 @@
+"""IPython/Jupyter magics: ``%load_ext kload``, then
+
+    %%kload NAME [--cuda] [--cflags="-O3 ..."] [-I DIR] [--debug]
+    <C++ or CUDA, either binding style>
+
+builds the cell (or finds it in the cache) and binds ``NAME`` to its handle, and
+
+    %kload
+
+shows the cache location and what this kernel session built or loaded.
+
+The cell is written beside a copy of the cell as the notebook shows it (line 1
+is the ``%%kload`` line); a ``#line`` directive makes the compiler report cell
+lines, so a compile error reads "line 5: error: ...", quoting line 5.
+"""
+from __future__ import annotations
+
+import shlex
+import time
+
+from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+
+from . import knobs
+from .api import default_header, inline_folder, load, write_files
+from .errors import CompileError, KloadError
+from .handle import HISTORY
+from .plan import check_name
+
+MAX_LINES = 40
+
+
+class CellCompileError(KloadError):
+    """A ``%%kload`` cell did not compile; shown as a short message, not a traceback."""
+
+    def __init__(self, text: str):
+        super().__init__(text)
+        self.text = text
+
+    def _render_traceback_(self):  # IPython shows these lines instead of a traceback
+        return self.text.splitlines()
+
+
+def cell_error_text(name: str, err: CompileError, cell_file: str) -> str:
+    lines = [f"kload: cell {name!r} did not compile"]
+    for d in err.diagnostics[:5]:
+        where = f"line {d.line}" if d.file == cell_file else d.location()
+        if d.file == cell_file and d.column is not None:
+            where += f", column {d.column}"
+        lines.append(f"  {where}: error: {d.message}")
+        if d.source_line is not None:
+            lines.append(f"    {d.line:>4} | {d.source_line.rstrip()}")
+    if len(err.diagnostics) > 5:
+        lines.append(f"  ... and {len(err.diagnostics) - 5} more errors")
+    if not err.diagnostics:
+        lines += ["  " + t for t in err.raw.strip().splitlines()[-12:]]
+    lines.append(f"  full compiler output: {err.log_path}")
+    if len(lines) > MAX_LINES:
+        lines = lines[: MAX_LINES - 1] + [lines[-1]]
+    return "\n".join(lines)
+
+
+@magics_class
+class KloadMagics(Magics):
+    @magic_arguments()
+    @argument("name", help="the handle's name in the notebook (a C identifier)")
+    @argument("--cuda", action="store_true", help="the cell is CUDA (.cu)")
+    @argument("--cflags", default="", help="extra compiler flags, one quoted string")
+    @argument("--cuda-cflags", default="", help="extra nvcc flags, one quoted string")
+    @argument("--ldflags", default="", help="extra linker flags, one quoted string")
+    @argument("-I", dest="include", action="append", default=[], help="an include directory (repeatable)")
+    @argument("--debug", action="store_true", help="build with -g -O0 (CUDA: -G) for gdb")
+    @cell_magic
+    def kload(self, line, cell):
+        """Compile the cell's C++/CUDA (or find it in the cache) and bind NAME to it."""
+        args = parse_argstring(self.kload, line)
+        name = check_name(args.name)
+        suffix = ".cu" if args.cuda else ".cpp"
+        cell_text = f"%%kload {line}\n{cell}"
+        folder = inline_folder(name, {f"{name}.cell": cell_text, "suffix": suffix})
+        cell_file = str(folder / f"{name}.cell")
+        source_text = default_header(cell) + f'#line 2 "{cell_file}"\n' + cell
+        source = write_files(folder, {f"{name}.cell": cell_text, f"{name}{suffix}": source_text})[name + suffix]
+        handle = load(source, name=name, extra_cflags=shlex.split(args.cflags),
+                      extra_cuda_cflags=shlex.split(args.cuda_cflags), extra_ldflags=shlex.split(args.ldflags),
+                      extra_include_paths=args.include, debug=True if args.debug else None, reload=False)
+        try:
+            handle.load()
+        except CompileError as e:
+            raise CellCompileError(cell_error_text(name, e, cell_file)) from None
+        self.shell.user_ns[name] = handle
+
+    @line_magic("kload")
+    def kload_status(self, line):
+        """The cache location and the builds and loads of this kernel session."""
+        print(f"kload cache: {knobs.cache_dir()}")
+        if not HISTORY:
+            print("nothing built or loaded in this session yet")
+            return
+        print(f"{'name':<20} {'how':<6} {'time':>9}  {'when':<8}  key")
+        for h in HISTORY:
+            secs = h["seconds"]
+            took = f"{secs:.1f} s" if secs >= 1 else f"{secs * 1e3:.1f} ms"
+            print(f"{h['name']:<20} {h['how']:<6} {took:>9}  {time.strftime('%H:%M:%S', time.localtime(h['time']))}"
+                  f"  {h['key'][:16]}")
+
+
+def load_ipython_extension(ipython) -> None:
+    ipython.register_magics(KloadMagics)

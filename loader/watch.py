@@ -1,0 +1,69 @@
+"""Reload on save: one watchdog observer per process marks handles stale when a
+file they were built from changes; the handle rebuilds at its next access.
+
+The observer runs in its own thread, so the call path pays nothing: a handle's
+ops live in its ``__dict__`` and are dropped from it when a file changes.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import weakref
+
+log = logging.getLogger("kload")
+
+_lock = threading.Lock()
+_observer = None
+_watched_dirs: dict[str, object] = {}               # directory -> watchdog watch
+_handles: "weakref.WeakSet" = weakref.WeakSet()      # handles that reload on save
+
+
+def _norm(path: str) -> str:
+    return os.path.normpath(os.path.abspath(path))
+
+
+def _changed(paths: set[str]) -> None:
+    for handle in list(_handles):
+        if paths & handle._files:
+            handle._mark_stale()
+
+
+def _make_handler():
+    from watchdog.events import FileSystemEventHandler
+
+    class Handler(FileSystemEventHandler):
+        def on_any_event(self, event):
+            if event.is_directory or event.event_type in ("opened", "closed_no_write"):
+                return
+            paths = {_norm(event.src_path)}
+            dest = getattr(event, "dest_path", "")
+            if dest:  # editors save by writing a temporary file and renaming it
+                paths.add(_norm(dest))
+            _changed(paths)
+
+    return Handler()
+
+
+def watch(handle, files) -> None:
+    """Mark ``handle`` stale whenever one of ``files`` is written, replaced or removed."""
+    global _observer
+    files = {_norm(f) for f in files}
+    handle.__dict__["_files"] = files
+    with _lock:
+        try:
+            if _observer is None:
+                from watchdog.observers import Observer  # inotify on Linux
+
+                _observer = Observer()
+                _observer.daemon = True
+                _observer.start()
+                _observer.kload_handler = _make_handler()
+            for d in sorted({os.path.dirname(f) for f in files}):
+                if d not in _watched_dirs and os.path.isdir(d):
+                    _watched_dirs[d] = _observer.schedule(_observer.kload_handler, d, recursive=False)
+        except Exception as e:  # noqa: BLE001 - e.g. out of inotify watches: reload() still works
+            log.warning("kload: cannot watch %s for changes (%s); call handle.reload() after an edit",
+                        ", ".join(sorted(files)), e)
+            return
+        _handles.add(handle)
