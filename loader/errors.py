@@ -98,6 +98,13 @@ def _read_line(file: str, line: int | None) -> str | None:
     return None
 
 
+def hint_for(d: Diagnostic) -> str | None:
+    missing = re.search(r"[‘'`](\w+)[’'`] is not a member of [‘'`]at[’'`]", d.message)
+    if missing:
+        return f"<kload/kernel.h> is lean; add #include <ATen/ops/{missing[1]}.h>"
+    return None
+
+
 def format_compile_error(name: str, diagnostics: list[Diagnostic], log_path: Path, raw: str) -> str:
     lines = [f"building {name!r} failed"]
     if diagnostics:
@@ -106,9 +113,9 @@ def format_compile_error(name: str, diagnostics: list[Diagnostic], log_path: Pat
             lines.append(f"  {d.location()}: error: {d.message}")
             if d.source_line is not None:
                 lines.append(f"    {d.line:>5} | {d.source_line.strip()}")
-            missing = re.search(r"[‘'`](\w+)[’'`] is not a member of [‘'`]at[’'`]", d.message)
-            if missing:
-                lines.append(f"    hint: <kload/kernel.h> is lean; add #include <ATen/ops/{missing[1]}.h>")
+            hint = hint_for(d)
+            if hint:
+                lines.append(f"    hint: {hint}")
         if len(diagnostics) > len(shown):
             lines.append(f"  ... and {len(diagnostics) - len(shown)} more")
     else:

@@ -23,7 +23,7 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 
 from . import knobs
 from .api import default_header, inline_folder, load, write_files
-from .errors import CompileError, KloadError
+from .errors import CompileError, KloadError, hint_for
 from .handle import HISTORY
 from .plan import check_name
 
@@ -50,6 +50,9 @@ def cell_error_text(name: str, err: CompileError, cell_file: str) -> str:
         lines.append(f"  {where}: error: {d.message}")
         if d.source_line is not None:
             lines.append(f"    {d.line:>4} | {d.source_line.rstrip()}")
+        hint = hint_for(d)
+        if hint:
+            lines.append(f"    hint: {hint}")
     if len(err.diagnostics) > 5:
         lines.append(f"  ... and {len(err.diagnostics) - 5} more errors")
     if not err.diagnostics:
