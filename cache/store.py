@@ -4,24 +4,123 @@
     <root>/entries/<name>-<key16>/      <name>.so + manifest.json (written last)
     <root>/build/<name>-<ws12>/         ninja's working directory (objects kept)
     <root>/locks/<name>-<ws12>.lock     the build lock of that directory
+    <root>/quarantine/                  entries whose artifact failed its check
 
-Loading never raises for a missing, stale or corrupt entry: it logs and reports
-a miss, and the caller rebuilds.
+Loading never raises for a missing, stale or corrupt entry: a corrupt one is
+moved to quarantine/, logged, and reported as a miss; the caller rebuilds.
+A cache directory or entry that another user owns, or that group or others may
+write, is refused (KloadError): loading from it would run their code.
 """
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
 import logging
 import os
+import shutil
 import time
 import uuid
+from contextlib import contextmanager
 from pathlib import Path
+
+from kload.errors import KloadError
 
 from .key import SCHEMA, file_sha256, stat_stamp, unchanged
 
 log = logging.getLogger("kload")
 
 MANIFEST = "manifest.json"
+LAST_USED = "last_used"   # its mtime is the entry's last use (kload writes it; atime is unreliable)
+STAMP_EVERY = 60.0        # seconds: a hit rewrites the last-use stamp at most this often
+GRACE = 600.0             # seconds: eviction never takes an entry used or built more recently
+
+
+def check_private(path: Path, st: os.stat_result, what: str) -> None:
+    """Refuse what another user owns or what group/others may write."""
+    me = os.geteuid()
+    if st.st_uid != me:
+        raise KloadError(
+            f"kload: refusing {what} {path}: it is owned by uid {st.st_uid}, not by you (uid {me}). "
+            "Loading from it would run another user's code; set KLOAD_CACHE_DIR to a directory of your own."
+        )
+    if st.st_mode & 0o022:
+        raise KloadError(
+            f"kload: refusing {what} {path}: it is writable by group or others (mode {st.st_mode & 0o777:o}), "
+            f"so anyone could replace what kload loads. Run `chmod go-w {path}` or set KLOAD_CACHE_DIR."
+        )
+
+
+def writable_error(root: Path, e: OSError) -> KloadError:
+    """A clear error for a cache kload cannot write (full, read-only, no permission)."""
+    why = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is exhausted",
+           errno.EROFS: "it is on a read-only file system", errno.EACCES: "permission denied",
+           errno.EPERM: "permission denied"}.get(e.errno, e.strerror or str(e))
+    return KloadError(
+        f"kload: cannot write the cache at {root}: {why} ({e.filename or root}). Existing entries are untouched "
+        "and still load; to build, free space or set KLOAD_CACHE_DIR to a writable directory."
+    )
+
+
+def parse_size(text: str) -> int | None:
+    """``"10G"``, ``"500M"``, ``"1.5GiB"``, ``"1234"`` -> bytes; ``"0"``/``"none"`` -> None (no limit)."""
+    t = str(text).strip().lower().replace(" ", "")
+    if t in ("", "0", "none", "off", "unlimited"):
+        return None
+    units = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mb": 1 << 20,
+             "mib": 1 << 20, "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30, "t": 1 << 40, "tb": 1 << 40,
+             "tib": 1 << 40}
+    num = t.rstrip("kmgtib")
+    unit = t[len(num):]
+    try:
+        value = float(num)
+    except ValueError:
+        value = -1.0
+    if unit not in units or value < 0:
+        raise ValueError(f"kload: not a size: {text!r} (use a number of bytes, or e.g. 500M, 10G)")
+    return int(value * units[unit])
+
+
+def dir_size(path: Path) -> int:
+    total = 0
+    for dirpath, _dirs, files in os.walk(path):
+        for f in files:
+            try:
+                total += os.lstat(os.path.join(dirpath, f)).st_size
+            except OSError:
+                pass
+    return total
+
+
+def sha256_now(path: Path) -> str | None:
+    """SHA-256 of the bytes on disk now (no memo)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    try:
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+    except OSError:
+        return None
+    return h.hexdigest()
+
+
+@contextmanager
+def entry_in_use(entry_path: Path):
+    """A shared lock on an entry while it is checked and loaded: eviction and
+    ``cache clear`` take it exclusively, so they never pull a library out from
+    under a loading process."""
+    try:
+        fd = os.open(entry_path / MANIFEST, os.O_RDONLY)
+    except OSError:
+        yield
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        yield
+    finally:
+        os.close(fd)
 
 
 def read_json(path: Path) -> dict | None:
@@ -68,6 +167,28 @@ class Entry:
     def key(self) -> str:
         return self.manifest["key"]
 
+    def last_used(self) -> float:
+        try:
+            return os.stat(self.path / LAST_USED).st_mtime
+        except OSError:
+            return float(self.manifest.get("created", 0.0))
+
+    def touch(self) -> None:
+        """Record a use (at most every STAMP_EVERY seconds; silently not on a read-only cache)."""
+        stamp = self.path / LAST_USED
+        now = time.time()
+        try:
+            if now - os.stat(stamp).st_mtime < STAMP_EVERY:
+                return
+            os.utime(stamp, (now, now))
+        except FileNotFoundError:
+            try:
+                os.close(os.open(stamp, os.O_WRONLY | os.O_CREAT, 0o600))
+            except OSError:
+                pass
+        except OSError:
+            pass
+
 
 class Store:
     def __init__(self, root: Path):
@@ -77,18 +198,38 @@ class Store:
         self.builds = self.root / "build"
         self.locks = self.root / "locks"
         self.inline = self.root / "inline"
+        self.quarantine_dir = self.root / "quarantine"
         self._prepared = False
 
+    def check_root(self) -> bool:
+        """Refuse a cache root that is not private to this user; False if it does not exist yet."""
+        try:
+            st = os.stat(self.root)
+        except FileNotFoundError:
+            return False
+        check_private(self.root, st, "cache directory")
+        return True
+
     def prepare(self) -> None:
+        """Create the layout (0700) for a build; a clear error when the cache cannot be written."""
         if self._prepared:
             return
-        for d in (self.root, self.index, self.entries, self.builds, self.locks, self.inline):
-            d.mkdir(mode=0o700, parents=True, exist_ok=True)
+        try:
+            for d in (self.root, self.index, self.entries, self.builds, self.locks, self.inline):
+                d.mkdir(mode=0o700, parents=True, exist_ok=True)
+            probe = self.locks / f".probe-{os.getpid()}"
+            os.close(os.open(probe, os.O_WRONLY | os.O_CREAT, 0o600))
+            os.unlink(probe)
+        except OSError as e:
+            raise writable_error(self.root, e) from None
+        self.check_root()
         self._prepared = True
 
     # -- lookup ---------------------------------------------------------------
     def lookup(self, skey: str) -> Entry | None:
         """The entry for these inputs whose recorded headers all still match, or None."""
+        if not self.check_root():
+            return None
         idx = read_json(self.index / f"{skey}.json")
         if not idx:
             return None
@@ -111,22 +252,45 @@ class Store:
             log.warning("kload: entry %s does not match its index; rebuilding", path.name)
             return None
         entry = Entry(path, manifest)
+        check_private(path, os.stat(path), "cache entry")
         problem = self.check_artifact(entry)
         if problem:
-            log.warning("kload: entry %s is unusable (%s); rebuilding", path.name, problem)
+            self.quarantine(path, problem)
             return None
         return entry
 
+    def quarantine(self, path: Path, problem: str) -> Path | None:
+        """Move a bad entry out of the way (kept for a post-mortem, never loaded)."""
+        dest = self.quarantine_dir / f"{path.name}-{int(time.time())}-{uuid.uuid4().hex[:6]}"
+        try:
+            self.quarantine_dir.mkdir(mode=0o700, exist_ok=True)
+            os.replace(path, dest)
+            (dest / "QUARANTINED").write_text(problem + "\n")
+        except OSError as e:
+            log.warning("kload: entry %s is unusable (%s) and could not be quarantined (%s); rebuilding",
+                        path.name, problem, e)
+            return None
+        log.warning("kload: entry %s is unusable (%s); moved to %s, rebuilding", path.name, problem, dest)
+        return dest
+
     @staticmethod
-    def check_artifact(entry: Entry) -> str | None:
+    def check_artifact(entry: Entry, full: bool = False) -> str | None:
+        """Why the entry's artifact cannot be trusted, or None. ``full`` re-hashes
+        even when the stat stamp matches (``cache verify``)."""
         art = entry.artifact
         try:
-            size = art.stat().st_size
+            st = art.stat()
         except OSError:
             return f"{art.name} is missing"
+        check_private(art, st, "cache artifact")
+        size = st.st_size
         if size != entry.manifest.get("size"):
             return f"{art.name} has {size} bytes, the manifest says {entry.manifest.get('size')}"
-        if not unchanged(str(art), entry.manifest.get("sha256"), entry.manifest.get("stat")):
+        if full:
+            ok = sha256_now(art) == entry.manifest.get("sha256")
+        else:
+            ok = unchanged(str(art), entry.manifest.get("sha256"), entry.manifest.get("stat"))
+        if not ok:
             return f"{art.name} does not match the manifest's sha256"
         return None
 
@@ -142,10 +306,16 @@ class Store:
         if dest.exists():  # a half-published or damaged entry for this very key
             trash = self.entries / f".trash-{dest.name}-{uuid.uuid4().hex[:6]}"
             os.replace(dest, trash)
-            import shutil
-
             shutil.rmtree(trash, ignore_errors=True)
         dest.mkdir(mode=0o700)
+        try:
+            entry = self._fill(dest, name, skey, key, headers, stamps, built_artifact, manifest)
+        except OSError:
+            shutil.rmtree(dest, ignore_errors=True)  # never leave half an entry
+            raise
+        return entry
+
+    def _fill(self, dest, name, skey, key, headers, stamps, built_artifact, manifest) -> Entry:
         artifact = dest / built_artifact.name
         os.replace(built_artifact, artifact)
         os.chmod(artifact, 0o700)
@@ -163,6 +333,7 @@ class Store:
             created=time.time(),
         )
         write_json_atomic(dest / MANIFEST, full)
+        os.close(os.open(dest / LAST_USED, os.O_WRONLY | os.O_CREAT, 0o600))
         self._add_candidate(skey, {"key": key, "entry": dest.name, "headers": headers, "stamps": stamps})
         return Entry(dest, full)
 
@@ -172,3 +343,62 @@ class Store:
         cands = [c for c in idx.get("candidates", []) if c.get("key") != cand["key"]]
         cands.append(cand)
         write_json_atomic(path, {"candidates": cands})
+
+    # -- management (python -m kload cache ...) ---------------------------------
+    def all_entries(self) -> list[Entry]:
+        """Every published entry (those with a readable manifest)."""
+        out = []
+        try:
+            names = sorted(os.listdir(self.entries))
+        except OSError:
+            return out
+        for n in names:
+            if n.startswith("."):
+                continue
+            m = read_json(self.entries / n / MANIFEST)
+            if m is not None and "artifact" in m and "key" in m:
+                out.append(Entry(self.entries / n, m))
+        return out
+
+    def remove(self, entry: Entry, *, force_recent: bool = False) -> bool:
+        """Delete an entry unless a process is loading it (or it was used or built
+        within GRACE seconds, unless ``force_recent``). True if removed."""
+        if not force_recent and time.time() - entry.last_used() < GRACE:
+            return False
+        try:
+            fd = os.open(entry.path / MANIFEST, os.O_RDONLY)
+        except OSError:
+            fd = None
+        try:
+            if fd is not None:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except OSError:
+                    return False  # being loaded right now
+            trash = self.entries / f".trash-{entry.path.name}-{uuid.uuid4().hex[:6]}"
+            try:
+                os.replace(entry.path, trash)
+            except OSError:
+                return False
+        finally:
+            if fd is not None:
+                os.close(fd)
+        shutil.rmtree(trash, ignore_errors=True)
+        return True
+
+    def evict_to(self, max_bytes: int, keep: set[str] = frozenset()) -> list[Entry]:
+        """Remove least-recently-used entries until the entries total at most
+        ``max_bytes``; returns what was removed."""
+        entries = [(e.last_used(), e) for e in self.all_entries()]
+        sizes = {e.path.name: dir_size(e.path) for _, e in entries}
+        total = sum(sizes.values())
+        removed = []
+        for _, e in sorted(entries, key=lambda t: t[0]):
+            if total <= max_bytes:
+                break
+            if e.path.name in keep:
+                continue
+            if self.remove(e):
+                total -= sizes[e.path.name]
+                removed.append(e)
+        return removed

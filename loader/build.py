@@ -4,21 +4,25 @@ Imported only when something must be compiled.
 """
 from __future__ import annotations
 
+import errno
+import hashlib
 import logging
 import os
+import shlex
 import shutil
 import subprocess
 import sys
 import sysconfig
 import time
 import uuid
+from contextlib import contextmanager
 from pathlib import Path
 
 from kload.cache.key import file_sha256, full_key, stat_stamp, workspace_key
 from kload.cache.lock import build_lock
-from kload.cache.store import Entry, Store, read_json, write_json_atomic
+from kload.cache.store import Entry, Store, read_json, writable_error, write_json_atomic
 
-from . import toolchain
+from . import knobs, toolchain
 from .errors import CompileError, KloadError, parse_diagnostics
 from .plan import Plan, include_dir
 from .progress import BuildProgress
@@ -128,6 +132,34 @@ def compile_plan(plan_: Plan, store: Store) -> tuple[Entry, float]:
     moves that very file (same inode), so loading the entry afterwards finds the
     library already mapped and registers nothing twice.
     """
+    try:
+        return _compile_locked(plan_, store)
+    except OSError as e:
+        if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM):
+            raise writable_error(store.root, e) from None
+        raise
+
+
+BUILDING = ".kload_building"  # in a build directory while a build runs there
+
+
+def _reset_interrupted(ws: Path, name: str) -> None:
+    """A build killed mid-way (we hold its lock now, so its process is gone) may
+    have left orphaned ninja/compiler processes that still write into its
+    directory: move the directory aside (their relative writes follow it there)
+    and start clean."""
+    marker = ws / BUILDING
+    if not marker.exists():
+        return
+    holder = marker.read_text(errors="replace").strip()
+    trash = ws.with_name(f".trash-{ws.name}-{uuid.uuid4().hex[:6]}")
+    os.replace(ws, trash)
+    log.warning("kload: the last build of %s (%s) was interrupted; starting it again from a clean directory",
+                name, holder or "unknown process")
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+def _compile_locked(plan_: Plan, store: Store) -> tuple[Entry, float]:
     name = plan_.name
     wkey = workspace_key(plan_.inputs)
     ws = store.builds / f"{name}-{wkey[:12]}"
@@ -136,7 +168,10 @@ def compile_plan(plan_: Plan, store: Store) -> tuple[Entry, float]:
         again = store.lookup(plan_.skey)
         if again is not None:  # another process built it while we waited
             return again, 0.0
+        if ws.exists():
+            _reset_interrupted(ws, name)
         ws.mkdir(mode=0o700, exist_ok=True)
+        _write_atomic(ws / BUILDING, f"pid {os.getpid()} on {os.uname().nodename}\n")
         # torch's own FileBaton; we hold the real (flock) lock, so any baton file is stale
         try:
             os.unlink(ws / "lock")
@@ -158,13 +193,18 @@ def compile_plan(plan_: Plan, store: Store) -> tuple[Entry, float]:
         artifact = ws / f"{name}.so"
         forget_stale_objects(ws)
         started = time.perf_counter()
-        with BuildProgress(name, ws) as progress:
-            _run_torch_build(plan_, ws, sources)
-            seconds = time.perf_counter() - started
-            progress.finish(f"kload: built {name} in {seconds:.1f} s")
+        try:
+            with BuildProgress(name, ws) as progress, launchers(store, plan_):
+                _run_torch_build(plan_, ws, sources)
+                seconds = time.perf_counter() - started
+                progress.finish(f"kload: built {name} in {seconds:.1f} s")
+        except CompileError:
+            os.unlink(ws / BUILDING)  # a finished (failed) build; the directory stays valid
+            raise
         headers, stamps = header_closure(ws, plan_)
         write_json_atomic(ws / RECORD, {**headers, **{s["path"]: s["sha256"] for s in plan_.inputs["sources"]}})
         key = full_key(plan_.skey, headers)
+        os.unlink(ws / BUILDING)
         entry = store.publish(
             name=name, skey=plan_.skey, key=key, headers=headers, stamps=stamps, built_artifact=artifact,
             manifest={
@@ -181,6 +221,41 @@ def compile_plan(plan_: Plan, store: Store) -> tuple[Entry, float]:
         return entry, seconds
 
 
+@contextmanager
+def launchers(store: Store, plan_: Plan):
+    """Put KLOAD_CXX_LAUNCHER / KLOAD_NVCC_LAUNCHER (ccache, sccache) in front of the
+    compilers for this build. torch reads CXX (a command it also runs on its own,
+    so it must be one executable: a two-line wrapper script) and PYTORCH_NVCC."""
+    saved = {k: os.environ.get(k) for k in ("CXX", "PYTORCH_NVCC")}
+    try:
+        cxx_l = knobs.cxx_launcher()
+        if cxx_l:
+            real = shutil.which(toolchain.cxx_command())
+            launcher = shutil.which(cxx_l)
+            if not real or not launcher:
+                raise KloadError(f"kload: KLOAD_CXX_LAUNCHER={cxx_l!r}: not found on PATH" if not launcher
+                                 else f"kload: compiler {toolchain.cxx_command()!r} not found on PATH")
+            text = f'#!/bin/sh\nexec {shlex.quote(launcher)} {shlex.quote(real)} "$@"\n'
+            d = store.root / "launchers" / hashlib.sha256(text.encode()).hexdigest()[:12]
+            wrapper = d / "c++"  # torch accepts a compiler by this name
+            if not wrapper.exists():
+                d.mkdir(mode=0o700, parents=True, exist_ok=True)
+                _write_atomic(wrapper, text)
+                os.chmod(wrapper, 0o700)
+            os.environ["CXX"] = str(wrapper)
+        nvcc_l = knobs.nvcc_launcher()
+        if nvcc_l and plan_.with_cuda:
+            nvcc = os.environ.get("PYTORCH_NVCC") or str(Path(toolchain.find_cuda_home(), "bin", "nvcc"))
+            os.environ["PYTORCH_NVCC"] = f"{nvcc_l} {nvcc}"
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 def _run_torch_build(plan_: Plan, ws: Path, sources: list[str]) -> None:
     _ensure_ninja_on_path()
     from torch.utils import cpp_extension
@@ -195,9 +270,10 @@ def _run_torch_build(plan_: Plan, ws: Path, sources: list[str]) -> None:
         cpp_extension.load(
             name=plan_.name,
             sources=sources,
-            extra_cflags=plan_.cflags,
-            extra_cuda_cflags=plan_.cuda_cflags,
-            extra_ldflags=plan_.ldflags,
+            # copies: torch appends its own flags to these lists, and the manifest records ours
+            extra_cflags=list(plan_.cflags),
+            extra_cuda_cflags=list(plan_.cuda_cflags),
+            extra_ldflags=list(plan_.ldflags),
             extra_include_paths=[str(include_dir())] + plan_.opts.include_paths,
             build_directory=str(ws),
             verbose=plan_.opts.verbose,
@@ -209,6 +285,8 @@ def _run_torch_build(plan_: Plan, ws: Path, sources: list[str]) -> None:
         if not text.startswith("Error building extension"):
             raise
         output = text.split(":", 1)[1] if ":" in text else text
+        if "No space left on device" in output or "Disk quota exceeded" in output:
+            raise writable_error(ws.parent.parent, OSError(errno.ENOSPC, "No space left on device", str(ws)))
         if not output.strip() and plan_.opts.verbose:
             # verbose builds print straight to the terminal; capture the failure once more
             proc = subprocess.run(["ninja", "-v"], cwd=ws, capture_output=True, text=True)

@@ -10,7 +10,7 @@ import logging
 import threading
 import time
 
-from kload.cache.store import Entry, Store
+from kload.cache.store import Entry, Store, entry_in_use
 
 from . import knobs
 from .errors import KloadError
@@ -30,7 +30,18 @@ def resolve_entry(opts: Options) -> tuple[Entry, str, float]:
     p = plan(opts, store)
     entry = store.lookup(p.skey)
     if entry is not None:
+        entry.touch()
         return entry, "cache", time.perf_counter() - started
+    if knobs.disable_jit():
+        from .explain import explain_plan
+
+        reasons = explain_plan(p, store).reasons
+        raise KloadError(
+            f"kload: KLOAD_DISABLE_JIT=1 and the cache at {store.root} has no build of {opts.name!r} for these "
+            "inputs, so nothing is compiled" + "".join(f"\n  {r}" for r in reasons)
+            + "\nPrebuild it into the cache with `python -m kload build SOURCES...` (same flags), or unset "
+            "KLOAD_DISABLE_JIT."
+        )
     # a fixed TORCH_LIBRARY namespace can be registered once per process: refuse
     # before compiling, since torch loads what it builds
     check_fixed_namespaces(opts.name, p.sources.fixed_namespaces, None)
@@ -38,6 +49,11 @@ def resolve_entry(opts: Options) -> tuple[Entry, str, float]:
 
     entry, seconds = compile_plan(p, store)
     how = "built" if seconds > 0 else "cache"
+    if how == "built":
+        limit = knobs.cache_max_size()
+        if limit is not None:
+            for gone in store.evict_to(limit, keep={entry.path.name}):
+                log.info("kload: evicted %s (least recently used; KLOAD_CACHE_MAX_SIZE)", gone.path.name)
     return entry, how, time.perf_counter() - started
 
 
@@ -121,7 +137,8 @@ class Handle:
                     self._record(entry, how, seconds)
                 else:
                     how = "cache"
-                self.__dict__["_loaded"] = load_entry(self._entry, just_built=(how == "built"))
+                with entry_in_use(self._entry.path):
+                    self.__dict__["_loaded"] = load_entry(self._entry, just_built=(how == "built"))
                 self._watch()
             return self._loaded
 
@@ -155,7 +172,8 @@ class Handle:
                 entry, how, seconds = resolve_entry(self._opts)
                 if entry.key == self._entry.key:
                     return False
-                loaded = load_entry(entry, just_built=(how == "built"))
+                with entry_in_use(entry.path):
+                    loaded = load_entry(entry, just_built=(how == "built"))
             except (KloadError, OSError) as e:
                 text = str(e)
                 if text != self._last_error:

@@ -63,6 +63,32 @@ def fast_link() -> bool:
     return _flag("KLOAD_FAST_LINK", True)
 
 
+DEFAULT_MAX_SIZE = "10G"
+
+
+def cache_max_size() -> int | None:
+    """``KLOAD_CACHE_MAX_SIZE`` (default 10G; ``0``/``none``: no limit): after a build,
+    least-recently-used entries are evicted until the entries fit."""
+    from kload.cache.store import parse_size
+
+    return parse_size(os.environ.get("KLOAD_CACHE_MAX_SIZE") or DEFAULT_MAX_SIZE)
+
+
+def disable_jit() -> bool:
+    """``KLOAD_DISABLE_JIT=1``: load cached builds only; a miss is an error and nothing compiles."""
+    return _flag("KLOAD_DISABLE_JIT")
+
+
+def cxx_launcher() -> str | None:
+    """``KLOAD_CXX_LAUNCHER`` (e.g. ``ccache``, ``sccache``): run in front of the C++ compiler."""
+    return os.environ.get("KLOAD_CXX_LAUNCHER") or None
+
+
+def nvcc_launcher() -> str | None:
+    """``KLOAD_NVCC_LAUNCHER``: the same in front of nvcc."""
+    return os.environ.get("KLOAD_NVCC_LAUNCHER") or None
+
+
 def max_jobs() -> str | None:
     """``MAX_JOBS``: parallel compile jobs (read by torch.utils.cpp_extension)."""
     return os.environ.get("MAX_JOBS")
