@@ -96,3 +96,67 @@ def vadd_dir(tmp_path):
     write(tmp_path / "scale.h", "#define SCALE 1.0f\n")
     write(tmp_path / "vadd.cpp", VECTOR_ADD)
     return tmp_path
+
+
+# -- the reliability suite's figures (README reports them) ------------------------------
+
+TALLY: dict[str, int] = {}
+
+
+@pytest.fixture
+def tally():
+    """``tally("kills survived")`` counts one event for the end-of-run summary."""
+    def count(what: str, n: int = 1) -> None:
+        TALLY[what] = TALLY.get(what, 0) + n
+    return count
+
+
+def pytest_terminal_summary(terminalreporter):
+    if TALLY:
+        terminalreporter.write_sep("-", "reliability figures")
+        for what, n in TALLY.items():
+            terminalreporter.write_line(f"{what}: {n}")
+
+
+def kload_cli(*args, env: dict | None = None, timeout=600) -> subprocess.CompletedProcess:
+    """``python -m kload ARGS`` in a fresh interpreter."""
+    full_env = dict(os.environ)
+    full_env.update(env or {})
+    return subprocess.run([sys.executable, "-m", "kload", *map(str, args)], capture_output=True, text=True,
+                          env=full_env, timeout=timeout)
+
+
+TINY = """\
+    #include <kload/kernel.h>
+    at::Tensor {name}(const at::Tensor& x) {{ return x.mul({factor}); }}
+    KLOAD_LIBRARY(m) {{ m.def("{name}(Tensor x) -> Tensor"); }}
+    KLOAD_IMPL(CPU, m) {{ m.impl("{name}", &{name}); }}
+"""
+
+
+def tiny(folder: Path, name: str, factor: int = 2) -> Path:
+    """A small op library ``name(x) = x * factor`` in ``folder/name.cpp``."""
+    return write(folder / f"{name}.cpp", TINY.format(name=name, factor=factor))
+
+
+def tiny_call(src: Path, name: str, extra: str = "") -> str:
+    """Code for run_py: load ``src``, call ``name`` on ones(2), print the result."""
+    return f"""
+        import json, logging, torch, kload
+        logging.basicConfig(level=logging.WARNING)
+        ops = kload.load({str(src)!r}{extra})
+        print(json.dumps({{"out": getattr(ops, {name!r})(torch.ones(2)).tolist(), "path": ops.build()}}))
+    """
+
+
+def run_code(code: str, env: dict | None = None, timeout=600) -> subprocess.CompletedProcess:
+    """Like run_py, but returns the finished process whatever its status."""
+    full_env = dict(os.environ)
+    full_env.update(env or {})
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                          env=full_env, timeout=timeout)
+
+
+def last_json(proc: subprocess.CompletedProcess) -> dict:
+    assert proc.returncode == 0, f"exit {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
+    return json.loads(proc.stdout.strip().splitlines()[-1])
