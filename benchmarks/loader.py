@@ -79,7 +79,8 @@ def main() -> None:
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="kload-bench-"))
     env = dict(os.environ, KLOAD_CACHE_DIR=str(work / "kload-cache"), TORCH_EXTENSIONS_DIR=str(work / "torch-ext"),
-               MAX_JOBS=os.environ.get("MAX_JOBS", "2"), KLOAD_VERBOSE="0")
+               MAX_JOBS=os.environ.get("MAX_JOBS", "2"), KLOAD_VERBOSE="0",
+               TORCH_NO_COMPILER_WRAPPER="1")  # torch would put ccache in front of its own builds
     # torch's modules were byte-compiled when pip installed them; let kload's be too
     # (an editable install under PYTHONDONTWRITEBYTECODE would re-parse them every run)
     env.pop("PYTHONDONTWRITEBYTECODE", None)

@@ -125,8 +125,8 @@ def entry_in_use(entry_path: Path):
 
 def read_json(path: Path) -> dict | None:
     try:
-        with open(path, encoding="utf-8") as f:
-            value = json.load(f)
+        with open(path, "rb") as f:
+            value = json.loads(f.read())
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as e:

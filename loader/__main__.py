@@ -153,6 +153,7 @@ def cmd_prune(args) -> int:
     if args.max_size is None and args.older_than is None:
         raise KloadError("kload: cache prune needs --max-size SIZE and/or --older-than DAYS")
     store = _store()
+    used = {e.path.name: e.last_used() for e in store.all_entries()}
     removed = []
     if args.older_than is not None:
         if args.older_than < 0:
@@ -169,7 +170,7 @@ def cmd_prune(args) -> int:
             sizes = {e.path.name: dir_size(e.path) for e in store.all_entries()}
             removed += [(e, sizes.get(e.path.name, 0)) for e in store.evict_to(limit)]
     for e, size in removed:
-        print(f"removed {e.path.name} ({_human(size)}, last used {_ago(e.last_used())})")
+        print(f"removed {e.path.name} ({_human(size)}, last used {_ago(used.get(e.path.name, 0))})")
     left = store.all_entries()
     print(f"removed {len(removed)} entries, {_human(sum(s for _, s in removed))}; "
           f"{len(left)} left, {_human(sum(dir_size(e.path) for e in left))} "

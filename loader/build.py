@@ -225,9 +225,13 @@ def _compile_locked(plan_: Plan, store: Store) -> tuple[Entry, float]:
 def launchers(store: Store, plan_: Plan):
     """Put KLOAD_CXX_LAUNCHER / KLOAD_NVCC_LAUNCHER (ccache, sccache) in front of the
     compilers for this build. torch reads CXX (a command it also runs on its own,
-    so it must be one executable: a two-line wrapper script) and PYTORCH_NVCC."""
-    saved = {k: os.environ.get(k) for k in ("CXX", "PYTORCH_NVCC")}
+    so it must be one executable: a two-line wrapper script) and PYTORCH_NVCC.
+    Recent torch puts ccache/sccache in front on its own whenever one is on PATH;
+    kload turns that off (TORCH_NO_COMPILER_WRAPPER), so that a compiler cache is
+    used when the launcher knobs ask for one, and only then."""
+    saved = {k: os.environ.get(k) for k in ("CXX", "PYTORCH_NVCC", "TORCH_NO_COMPILER_WRAPPER")}
     try:
+        os.environ["TORCH_NO_COMPILER_WRAPPER"] = "1"
         cxx_l = knobs.cxx_launcher()
         if cxx_l:
             real = shutil.which(toolchain.cxx_command())

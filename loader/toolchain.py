@@ -67,9 +67,21 @@ def host_cpu() -> str:
     return f"{model} flags:{hashlib.sha256(flags.encode()).hexdigest()[:16]}"
 
 
+def which(name: str) -> str | None:
+    """``shutil.which`` without its generality (this is the hit path): the first
+    executable ``name`` on PATH, or ``name`` itself if it is a path."""
+    if os.sep in name:
+        return name if os.access(name, os.X_OK) and not os.path.isdir(name) else None
+    for d in os.environ.get("PATH", os.defpath).split(os.pathsep):
+        p = os.path.join(d or ".", name)
+        if os.access(p, os.X_OK) and not os.path.isdir(p):
+            return p
+    return None
+
+
 @lru_cache(maxsize=None)
 def has_gold() -> bool:
-    return shutil.which("ld.gold") is not None
+    return which("ld.gold") is not None
 
 
 def keyed_environment() -> dict:
@@ -132,7 +144,7 @@ def save_memo(cache_root: Path) -> None:
 
 def compiler_identity(command: str, cache_root: Path) -> dict:
     """``{"path", "version"}`` of a compiler, from a stat-keyed memo when possible."""
-    path = shutil.which(command)
+    path = which(command)
     if path is None:
         raise KloadError(f"kload: compiler {command!r} not found on PATH (set CXX to a C++ compiler)")
     st = os.stat(path)  # follows links: a re-pointed link changes the inode

@@ -107,8 +107,12 @@ def test_size_limit_evicts_least_recently_used_never_one_in_use(tmp_path):
     with entry_in_use(c.path):
         removed = store.evict_to(0)
     assert {e.manifest["name"] for e in removed} == {"lru_d"} and names(cache) == {"lru_c"}
-    # prune from the CLI, by age
-    age(cache, "lru_c", 40 * 86400)
+    # prune from the CLI: by size (recently used entries stay), then by age
+    last_json(run_code(tiny_call(tiny(tmp_path, "lru_e"), "lru_e"), env))
+    proc = kload_cli("cache", "prune", "--max-size", "1", env=env)
+    assert proc.returncode == 0 and "removed 1 entries" in proc.stdout and names(cache) == {"lru_e"}, proc.stdout
+    assert "last used 9 h ago" in proc.stdout
+    age(cache, "lru_e", 40 * 86400)
     proc = kload_cli("cache", "prune", "--older-than", "30", env=env)
     assert proc.returncode == 0 and "removed 1 entries" in proc.stdout and names(cache) == set()
     cleared = kload_cli("cache", "clear", env=env)
