@@ -71,6 +71,14 @@ def file_sha256(path: str) -> str | None:
     hit = _file_memo.get(path)
     if hit is not None and hit[0] == sig:
         return hit[1]
+    value = sha256_now(path)
+    if value is not None:
+        _file_memo[path] = (sig, value)
+    return value
+
+
+def sha256_now(path) -> str | None:
+    """SHA-256 of the bytes on disk now (no memo), or None if unreadable."""
     h = hashlib.sha256()
     try:
         with open(path, "rb") as f:
@@ -78,6 +86,4 @@ def file_sha256(path: str) -> str | None:
                 h.update(chunk)
     except OSError:
         return None
-    value = h.hexdigest()
-    _file_memo[path] = (sig, value)
-    return value
+    return h.hexdigest()

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from kload.errors import KloadError
 
-from .key import SCHEMA, file_sha256, stat_stamp, unchanged
+from .key import SCHEMA, file_sha256, sha256_now, stat_stamp, unchanged
 
 log = logging.getLogger("kload")
 
@@ -90,20 +90,6 @@ def dir_size(path: Path) -> int:
             except OSError:
                 pass
     return total
-
-
-def sha256_now(path: Path) -> str | None:
-    """SHA-256 of the bytes on disk now (no memo)."""
-    import hashlib
-
-    h = hashlib.sha256()
-    try:
-        with open(path, "rb") as f:
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                h.update(chunk)
-    except OSError:
-        return None
-    return h.hexdigest()
 
 
 @contextmanager

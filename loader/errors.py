@@ -105,22 +105,28 @@ def hint_for(d: Diagnostic) -> str | None:
     return None
 
 
-def format_compile_error(name: str, diagnostics: list[Diagnostic], log_path: Path, raw: str) -> str:
-    lines = [f"building {name!r} failed"]
-    if diagnostics:
-        shown = diagnostics[:MAX_DIAGNOSTICS]
-        for d in shown:
-            lines.append(f"  {d.location()}: error: {d.message}")
-            if d.source_line is not None:
-                lines.append(f"    {d.line:>5} | {d.source_line.strip()}")
-            hint = hint_for(d)
-            if hint:
-                lines.append(f"    hint: {hint}")
-        if len(diagnostics) > len(shown):
-            lines.append(f"  ... and {len(diagnostics) - len(shown)} more")
-    else:
+def diagnostic_lines(diagnostics: list[Diagnostic], raw: str, where=None) -> list[str]:
+    """The first errors, each with its offending line and a hint; ``where(d)`` names
+    the location (default ``file:line:col``; the notebook magic says "line 5")."""
+    where = where or Diagnostic.location
+    lines = []
+    shown = diagnostics[:MAX_DIAGNOSTICS]
+    for d in shown:
+        lines.append(f"  {where(d)}: error: {d.message}")
+        if d.source_line is not None:
+            lines.append(f"    {d.line:>5} | {d.source_line.rstrip()}")
+        hint = hint_for(d)
+        if hint:
+            lines.append(f"    hint: {hint}")
+    if len(diagnostics) > len(shown):
+        lines.append(f"  ... and {len(diagnostics) - len(shown)} more")
+    if not diagnostics:
         # No recognisable diagnostic: the tail of the output is the best clue.
-        tail = [t for t in raw.strip().splitlines() if t.strip()][-15:]
-        lines += ["  " + t for t in tail]
+        lines += ["  " + t for t in [t for t in raw.strip().splitlines() if t.strip()][-15:]]
+    return lines
+
+
+def format_compile_error(name: str, diagnostics: list[Diagnostic], log_path: Path, raw: str) -> str:
+    lines = [f"building {name!r} failed"] + diagnostic_lines(diagnostics, raw)
     lines.append(f"full log: {log_path}")
     return "\n".join(lines)

@@ -50,7 +50,11 @@ def resolve_entry(opts: Options) -> tuple[Entry, str, float]:
     entry, seconds = compile_plan(p, store)
     how = "built" if seconds > 0 else "cache"
     if how == "built":
-        limit = knobs.cache_max_size()
+        try:
+            limit = knobs.cache_max_size()
+        except ValueError as e:  # a bad KLOAD_CACHE_MAX_SIZE must not fail a build that succeeded
+            log.warning("%s; KLOAD_CACHE_MAX_SIZE is ignored", e)
+            limit = None
         if limit is not None:
             for gone in store.evict_to(limit, keep={entry.path.name}):
                 log.info("kload: evicted %s (least recently used; KLOAD_CACHE_MAX_SIZE)", gone.path.name)
@@ -152,7 +156,7 @@ class Handle:
             self.__dict__["_files"] = set(files)
 
     def _drop_ops(self) -> None:
-        for attr in [a for a in self.__dict__ if not a.startswith("_")]:
+        for attr in [a for a in list(self.__dict__) if not a.startswith("_")]:  # list(): atomic copy
             self.__dict__.pop(attr, None)
 
     def _mark_stale(self) -> None:

@@ -23,7 +23,7 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 
 from . import knobs
 from .api import default_header, inline_folder, load, write_files
-from .errors import CompileError, KloadError, hint_for
+from .errors import CompileError, KloadError, diagnostic_lines
 from .handle import HISTORY
 from .plan import check_name
 
@@ -42,21 +42,12 @@ class CellCompileError(KloadError):
 
 
 def cell_error_text(name: str, err: CompileError, cell_file: str) -> str:
-    lines = [f"kload: cell {name!r} did not compile"]
-    for d in err.diagnostics[:5]:
-        where = f"line {d.line}" if d.file == cell_file else d.location()
-        if d.file == cell_file and d.column is not None:
-            where += f", column {d.column}"
-        lines.append(f"  {where}: error: {d.message}")
-        if d.source_line is not None:
-            lines.append(f"    {d.line:>4} | {d.source_line.rstrip()}")
-        hint = hint_for(d)
-        if hint:
-            lines.append(f"    hint: {hint}")
-    if len(err.diagnostics) > 5:
-        lines.append(f"  ... and {len(err.diagnostics) - 5} more errors")
-    if not err.diagnostics:
-        lines += ["  " + t for t in err.raw.strip().splitlines()[-12:]]
+    def where(d) -> str:
+        if d.file != cell_file:
+            return d.location()
+        return f"line {d.line}" + (f", column {d.column}" if d.column is not None else "")
+
+    lines = [f"kload: cell {name!r} did not compile"] + diagnostic_lines(err.diagnostics, err.raw, where)
     lines.append(f"  full compiler output: {err.log_path}")
     if len(lines) > MAX_LINES:
         lines = lines[: MAX_LINES - 1] + [lines[-1]]

@@ -24,9 +24,12 @@ def _norm(path: str) -> str:
 
 
 def _changed(paths: set[str]) -> None:
-    for handle in list(_handles):
-        if paths & handle._files:
-            handle._mark_stale()
+    try:
+        for handle in list(_handles):
+            if paths & handle._files:
+                handle._mark_stale()
+    except Exception as e:  # noqa: BLE001 - the watcher thread must survive anything
+        log.warning("kload: file watcher: %s", e)
 
 
 def _make_handler():

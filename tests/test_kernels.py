@@ -83,6 +83,13 @@ def test_conv2d_matches_reference(dtype):
     w = torch.randn(4, 3, 3, 3, dtype=dtype)
     torch.testing.assert_close(kernels.conv2d(x, w, stride=(2, 1), padding=(0, 1)),
                                F.conv2d(x, w, stride=(2, 1), padding=(0, 1)), rtol=1e-4, atol=1e-4)
+    # many row bands with a partial last one; one row per band (OW > 256); strides in width
+    for xs, ws, stride, padding in [((1, 2, 70, 70), (3, 2, 3, 3), 1, 1),
+                                    ((1, 1, 5, 300), (2, 1, 3, 3), (1, 2), (1, 2)),
+                                    ((2, 3, 9, 11), (4, 3, 2, 5), (3, 3), (2, 3))]:
+        x, w = torch.randn(*xs, dtype=dtype), torch.randn(*ws, dtype=dtype)
+        torch.testing.assert_close(kernels.conv2d(x, w, stride=stride, padding=padding),
+                                   F.conv2d(x, w, stride=stride, padding=padding), rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])

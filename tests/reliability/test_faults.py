@@ -20,6 +20,13 @@ def entry_dirs(cache: Path) -> list[Path]:
     return [p for p in d.iterdir() if not p.name.startswith(".")] if d.exists() else []
 
 
+def count_lost(cache: Path, before: list[Path], tally) -> None:
+    """Every entry that existed before the fault is still there (README reports the total)."""
+    lost = [p for p in before if not (p / "manifest.json").exists()]
+    tally("entries lost", len(lost))
+    assert not lost, f"entries lost: {lost}"
+
+
 def no_half_entries(cache: Path) -> None:
     for e in entry_dirs(cache):
         assert (e / "manifest.json").exists(), f"half entry left: {e}"
@@ -48,6 +55,7 @@ def test_sigkill_mid_build_blocks_nobody(tmp_path, tally, when):
     if when == "rebuild after an edit":
         assert last_json(run_code(tiny_call(src, "killed"), env))["out"] == [2.0, 2.0]
         src = tiny(tmp_path, "killed", factor=5)
+    before = entry_dirs(cache)
     victim = subprocess.Popen([sys.executable, "-c", textwrap.dedent(tiny_call(src, "killed"))],
                               env=dict(os.environ, **env), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.time() + 120
@@ -64,6 +72,7 @@ def test_sigkill_mid_build_blocks_nobody(tmp_path, tally, when):
     assert "interrupted" in proc.stderr  # it noticed, and started from a clean directory
     assert time.time() - started < 300
     no_half_entries(cache)
+    count_lost(cache, before, tally)
     tally("kills survived")
 
 
@@ -108,6 +117,7 @@ def test_cache_verify_finds_and_quarantines(tmp_path, tally):
     assert "BAD  vbad-" in proc.stdout and "ok   vgood-" in proc.stdout
     assert "1 ok, 1 quarantined" in proc.stdout
     assert good.exists() and not bad.exists()
+    count_lost(cache, [good.parent], tally)
     assert kload_cli("cache", "verify", env=env).returncode == 0
     tally("corruptions detected")
 
@@ -139,11 +149,17 @@ def small_fs(tmp_path):
         subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
 
 
-def test_full_disk_is_a_clear_error_and_loses_no_entry(small_fs, tmp_path, tally):
-    cache = small_fs / "cache"
+def seeded(fs: Path, tmp_path: Path, name: str, factor: int):
+    """A cache on ``fs`` holding one built entry: (cache, env, its source, entries now)."""
+    cache = fs / "cache"
     env = {"KLOAD_CACHE_DIR": str(cache)}
-    kept = tiny(tmp_path, "kept", factor=2)
-    assert last_json(run_code(tiny_call(kept, "kept"), env))["out"] == [2.0, 2.0]
+    src = tiny(tmp_path, name, factor=factor)
+    assert last_json(run_code(tiny_call(src, name), env))["out"] == [float(factor)] * 2
+    return cache, env, src, entry_dirs(cache)
+
+
+def test_full_disk_is_a_clear_error_and_loses_no_entry(small_fs, tmp_path, tally):
+    cache, env, kept, before = seeded(small_fs, tmp_path, "kept", 2)
     filler = small_fs / "filler"
     with open(filler, "wb") as f:  # fill the file system to the last block
         try:
@@ -158,16 +174,14 @@ def test_full_disk_is_a_clear_error_and_loses_no_entry(small_fs, tmp_path, tally
     # what was there still loads, and nothing half-written is left behind
     assert last_json(run_code(tiny_call(kept, "kept"), env))["out"] == [2.0, 2.0]
     no_half_entries(cache)
+    count_lost(cache, before, tally)
     filler.unlink()
     assert last_json(run_code(tiny_call(tiny(tmp_path, "nospace"), "nospace"), env))["out"] == [2.0, 2.0]
     tally("full-disk builds refused cleanly")
 
 
 def test_read_only_cache_serves_hits_and_refuses_builds_clearly(small_fs, tmp_path, tally):
-    cache = small_fs / "cache"
-    env = {"KLOAD_CACHE_DIR": str(cache)}
-    kept = tiny(tmp_path, "rokept", factor=3)
-    assert last_json(run_code(tiny_call(kept, "rokept"), env))["out"] == [3.0, 3.0]
+    cache, env, kept, before = seeded(small_fs, tmp_path, "rokept", 3)
     subprocess.run(["mount", "-o", "remount,ro", str(small_fs)], check=True)
     try:
         assert last_json(run_code(tiny_call(kept, "rokept"), env))["out"] == [3.0, 3.0]
@@ -176,4 +190,5 @@ def test_read_only_cache_serves_hits_and_refuses_builds_clearly(small_fs, tmp_pa
     finally:
         subprocess.run(["mount", "-o", "remount,rw", str(small_fs)], check=True)
     no_half_entries(cache)
+    count_lost(cache, before, tally)
     tally("read-only builds refused cleanly")
