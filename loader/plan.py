@@ -133,7 +133,7 @@ def plan(opts: Options, store: Store) -> Plan:
     # older build of the same code must not serve the newer build's calls.
     ldflags = list(opts.ldflags) + ["-Wl,-Bsymbolic-functions"]
     # gold links against libtorch's large symbol tables ~3x faster than bfd
-    if knobs.fast_link() and not any(f.startswith("-fuse-ld") for f in ldflags) and toolchain.has_gold():
+    if knobs.fast_link() and not any(f.startswith("-fuse-ld") for f in ldflags) and toolchain.has_gold(store.root):
         ldflags.append("-fuse-ld=gold")
     if opts.debug:
         cflags += ["-g", "-O0"]

@@ -5,6 +5,7 @@ One read per file: the same bytes are hashed for the cache key and scanned here.
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 from pathlib import Path
 from typing import NamedTuple
@@ -65,13 +66,16 @@ def resolve_paths(sources) -> list[Path]:
     for s in sources:
         if not isinstance(s, (str, Path)):
             raise TypeError(f"kload: a source must be a path, got {type(s).__name__}: {s!r}")
-        p = Path(s).expanduser().absolute()
+        text = os.fspath(s)
+        if text.startswith("~"):
+            text = os.path.expanduser(text)
+        p = Path(text if os.path.isabs(text) else os.path.join(os.getcwd(), text))
         if p.suffix.lower() not in CPP_SUFFIXES + CUDA_SUFFIXES:
             raise KloadError(
                 f"kload: unsupported source type {p.suffix or '(no suffix)'!r} for {p}; "
                 f"expected one of {', '.join(CPP_SUFFIXES + CUDA_SUFFIXES)} (headers are found through #include)"
             )
-        if not p.is_file():
+        if not os.path.isfile(text):
             raise FileNotFoundError(f"kload: source file not found: {p}")
         if p in paths:
             raise KloadError(f"kload: source listed twice: {p}")

@@ -79,9 +79,22 @@ def which(name: str) -> str | None:
     return None
 
 
-@lru_cache(maxsize=None)
-def has_gold() -> bool:
-    return which("ld.gold") is not None
+def has_gold(cache_root: Path) -> bool:
+    """Is ``ld.gold`` on PATH? Remembered in the cache's memo per PATH: a hit checks
+    the remembered file with one access() instead of searching PATH. (Which gold is
+    found does not matter, only whether one is: a gold installed after the memo said
+    "none" is used after ``python -m kload cache clear``.)"""
+    known = memo(cache_root)
+    k = "gold|" + os.environ.get("PATH", "")
+    found = known.get(k)
+    if isinstance(found, str) and os.access(found, os.X_OK):
+        return True
+    if found is False:
+        return False
+    path = which("ld.gold")
+    known[k] = path or False
+    save_memo(cache_root)
+    return path is not None
 
 
 def keyed_environment() -> dict:
