@@ -289,7 +289,10 @@ def main(argv=None) -> int:
     args = parser().parse_args(argv)
     try:
         return args.func(args)
-    except (KloadError, ValueError, FileNotFoundError, TypeError) as e:
+    except BrokenPipeError:  # `kload cache list | head`: the reader left; not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except (KloadError, ValueError, OSError, TypeError) as e:
         msg = str(e)
         print(msg if msg.startswith("kload:") else f"kload: {msg}", file=sys.stderr)
         return 1
