@@ -244,8 +244,10 @@ def launchers(store: Store, plan_: Plan):
             wrapper = d / "c++"  # torch accepts a compiler by this name
             if not wrapper.exists():
                 d.mkdir(mode=0o700, parents=True, exist_ok=True)
-                _write_atomic(wrapper, text)
-                os.chmod(wrapper, 0o700)
+                tmp = d / f".c++.{os.getpid()}.{uuid.uuid4().hex[:6]}"
+                tmp.write_text(text)
+                os.chmod(tmp, 0o700)  # executable before anyone can see it
+                os.replace(tmp, wrapper)
             os.environ["CXX"] = str(wrapper)
         nvcc_l = knobs.nvcc_launcher()
         if nvcc_l and plan_.with_cuda:
