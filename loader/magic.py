@@ -82,6 +82,8 @@ class KloadMagics(Magics):
             handle.load()
         except CompileError as e:
             raise CellCompileError(cell_error_text(name, e, cell_file)) from None
+        except KloadError as e:  # e.g. CUDA cannot be built here: the message, not a traceback
+            raise CellCompileError(str(e) if str(e).startswith("kload:") else f"kload: {e}") from None
         self.shell.user_ns[name] = handle
 
     @line_magic("kload")
