@@ -68,21 +68,26 @@ class KloadMagics(Magics):
     def kload(self, line, cell):
         """Compile the cell's C++/CUDA (or find it in the cache) and bind NAME to it."""
         args = parse_argstring(self.kload, line)
-        name = check_name(args.name)
+        try:
+            name = check_name(args.name)
+            flags = [shlex.split(f) for f in (args.cflags, args.cuda_cflags, args.ldflags)]
+        except ValueError as e:  # a bad name, an unbalanced quote
+            raise CellCompileError(str(e) if str(e).startswith("kload:") else f"kload: %%kload {line}: {e}") from None
         suffix = ".cu" if args.cuda else ".cpp"
         cell_text = f"%%kload {line}\n{cell}"
         folder = inline_folder(name, {f"{name}.cell": cell_text, "suffix": suffix})
         cell_file = str(folder / f"{name}.cell")
-        source_text = default_header(cell) + f'#line 2 "{cell_file}"\n' + cell
+        quoted = cell_file.replace("\\", "\\\\").replace('"', '\\"')
+        source_text = default_header(cell) + f'#line 2 "{quoted}"\n' + cell
         source = write_files(folder, {f"{name}.cell": cell_text, f"{name}{suffix}": source_text})[name + suffix]
-        handle = load(source, name=name, extra_cflags=shlex.split(args.cflags),
-                      extra_cuda_cflags=shlex.split(args.cuda_cflags), extra_ldflags=shlex.split(args.ldflags),
-                      extra_include_paths=args.include, debug=True if args.debug else None, reload=False)
         try:
+            handle = load(source, name=name, extra_cflags=flags[0], extra_cuda_cflags=flags[1],
+                          extra_ldflags=flags[2], extra_include_paths=args.include,
+                          debug=True if args.debug else None, reload=False)
             handle.load()
         except CompileError as e:
             raise CellCompileError(cell_error_text(name, e, cell_file)) from None
-        except KloadError as e:  # e.g. CUDA cannot be built here: the message, not a traceback
+        except (KloadError, FileNotFoundError) as e:  # CUDA cannot be built here, a missing -I: the message
             raise CellCompileError(str(e) if str(e).startswith("kload:") else f"kload: {e}") from None
         self.shell.user_ns[name] = handle
 
