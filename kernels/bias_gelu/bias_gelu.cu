@@ -11,7 +11,7 @@ template <typename T>
 __global__ void bias_gelu_forward_kernel(const T* __restrict__ x, const T* __restrict__ bias, T* __restrict__ y,
                                          int64_t n, int64_t D) {
   using A = kload::cuda::acc_t<T>;
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(blockDim.x) * gridDim.x) {
+  CUDA_KERNEL_LOOP_TYPE(i, n, int64_t) {
     const A z = static_cast<A>(x[i]) + static_cast<A>(bias[i % D]);
     y[i] = static_cast<T>(A(0.5) * z * (A(1) + erf(z * A(0.70710678118654752440))));
   }
@@ -21,7 +21,7 @@ template <typename T>
 __global__ void bias_gelu_backward_kernel(const T* __restrict__ grad, const T* __restrict__ x,
                                           const T* __restrict__ bias, T* __restrict__ grad_x, int64_t n, int64_t D) {
   using A = kload::cuda::acc_t<T>;
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(blockDim.x) * gridDim.x) {
+  CUDA_KERNEL_LOOP_TYPE(i, n, int64_t) {
     const A z = static_cast<A>(x[i]) + static_cast<A>(bias[i % D]);
     const A cdf = A(0.5) * (A(1) + erf(z * A(0.70710678118654752440)));
     const A pdf = A(0.39894228040143267794) * exp(A(-0.5) * z * z);

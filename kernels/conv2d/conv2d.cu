@@ -16,8 +16,7 @@ __global__ void conv2d_forward_kernel(const T* __restrict__ x, const T* __restri
                                       T* __restrict__ out, Geometry g) {
   using A = kload::cuda::acc_t<T>;
   const int64_t total = g.N * g.OC * g.OH * g.OW;
-  for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < total;
-       idx += int64_t(blockDim.x) * gridDim.x) {
+  CUDA_KERNEL_LOOP_TYPE(idx, total, int64_t) {
     const int64_t ow = idx % g.OW, oh = (idx / g.OW) % g.OH, oc = (idx / (g.OW * g.OH)) % g.OC,
                   n = idx / (g.OW * g.OH * g.OC);
     A sum = bias ? static_cast<A>(bias[oc]) : A(0);
@@ -40,8 +39,7 @@ template <typename T>
 __global__ void conv2d_grad_x_kernel(const T* __restrict__ grad, const T* __restrict__ w, T* __restrict__ gx, Geometry g) {
   using A = kload::cuda::acc_t<T>;
   const int64_t total = g.N * g.C * g.H * g.W;
-  for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < total;
-       idx += int64_t(blockDim.x) * gridDim.x) {
+  CUDA_KERNEL_LOOP_TYPE(idx, total, int64_t) {
     const int64_t wi = idx % g.W, h = (idx / g.W) % g.H, c = (idx / (g.W * g.H)) % g.C, n = idx / (g.W * g.H * g.C);
     A sum = 0;
     for (int64_t i = 0; i < g.KH; ++i) {
@@ -67,8 +65,7 @@ template <typename T>
 __global__ void conv2d_grad_w_kernel(const T* __restrict__ grad, const T* __restrict__ x, T* __restrict__ gw, Geometry g) {
   using A = kload::cuda::acc_t<T>;
   const int64_t total = g.OC * g.C * g.KH * g.KW;
-  for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < total;
-       idx += int64_t(blockDim.x) * gridDim.x) {
+  CUDA_KERNEL_LOOP_TYPE(idx, total, int64_t) {
     const int64_t j = idx % g.KW, i = (idx / g.KW) % g.KH, c = (idx / (g.KW * g.KH)) % g.C,
                   oc = idx / (g.KW * g.KH * g.C);
     A sum = 0;

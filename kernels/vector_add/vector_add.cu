@@ -9,14 +9,14 @@ namespace {
 
 template <typename T>
 __global__ void vector_add_kernel(const T* __restrict__ a, const T* __restrict__ b, T* __restrict__ out, int64_t n) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(blockDim.x) * gridDim.x)
+  CUDA_KERNEL_LOOP_TYPE(i, n, int64_t)
     out[i] = static_cast<T>(static_cast<float>(a[i]) + static_cast<float>(b[i]));
 }
 
 template <>
 __global__ void vector_add_kernel<double>(const double* __restrict__ a, const double* __restrict__ b,
                                           double* __restrict__ out, int64_t n) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(blockDim.x) * gridDim.x)
+  CUDA_KERNEL_LOOP_TYPE(i, n, int64_t)
     out[i] = a[i] + b[i];
 }
 

@@ -1,8 +1,10 @@
 // kload/cuda/common.cuh — what every shipped CUDA op needs: device guard, the
 // current stream, a checked launch, and float accumulation for half types.
+// Kernels loop with torch's grid-stride CUDA_KERNEL_LOOP_TYPE(i, n, int64_t).
 #pragma once
 
 #include <ATen/Dispatch.h>
+#include <ATen/cuda/detail/KernelUtils.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
