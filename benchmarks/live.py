@@ -10,10 +10,7 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
-import sys
 import tempfile
-import textwrap
 import time
 from pathlib import Path
 

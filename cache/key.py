@@ -43,13 +43,18 @@ def stat_stamp(path: str) -> list | None:
         st = os.stat(path)
     except OSError:
         return None
+    return stamp_of(st)
+
+
+def stamp_of(st: os.stat_result) -> list:
     return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
 
 
-def unchanged(path: str, sha256: str, stamp: list | None) -> bool:
+def unchanged(path: str, sha256: str, stamp: list | None, st: os.stat_result | None = None) -> bool:
     """Does ``path`` still hold the bytes whose hash is ``sha256``? A matching stat
-    stamp answers without reading the file (on another machine it differs: then hash)."""
-    if stamp is not None and stat_stamp(path) == stamp:
+    stamp answers without reading the file (on another machine it differs: then hash).
+    ``st``: the caller's fresh ``os.stat`` of ``path``, so it is not taken twice."""
+    if stamp is not None and (stamp_of(st) if st is not None else stat_stamp(path)) == stamp:
         return True
     return file_sha256(path) == sha256
 

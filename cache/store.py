@@ -121,13 +121,15 @@ def read_json(path: Path) -> dict | None:
     return value if isinstance(value, dict) else None
 
 
-def write_json_atomic(path: Path, obj) -> None:
-    """Write to a temporary file beside ``path``, then ``os.replace`` it into place."""
+def write_atomic(path: Path, text: str, mode: int = 0o600) -> None:
+    """Write ``text`` to a temporary file beside ``path`` (created with ``mode``), then
+    ``os.replace`` it into place: a reader never sees half a file, and an
+    executable is executable before anyone can run it."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(obj, f, indent=1, sort_keys=True)
+            f.write(text)
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -135,6 +137,10 @@ def write_json_atomic(path: Path, obj) -> None:
         except OSError:
             pass
         raise
+
+
+def write_json_atomic(path: Path, obj) -> None:
+    write_atomic(path, json.dumps(obj, indent=1, sort_keys=True))
 
 
 class Entry:
@@ -275,7 +281,7 @@ class Store:
         if full:
             ok = sha256_now(art) == entry.manifest.get("sha256")
         else:
-            ok = unchanged(str(art), entry.manifest.get("sha256"), entry.manifest.get("stat"))
+            ok = unchanged(str(art), entry.manifest.get("sha256"), entry.manifest.get("stat"), st)
         if not ok:
             return f"{art.name} does not match the manifest's sha256"
         return None

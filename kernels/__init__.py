@@ -43,8 +43,11 @@ def handle(op: str) -> kload.Handle:
     with _lock:
         h = _handles.get(op)
         if h is None:
+            # reload=False: `kernels.<op>` is bound once, with its autograd registered on
+            # that build's namespace; a rebuild would serve neither (and these files ship
+            # in the package), so no watcher either
             h = kload.load(*sources(op), name=f"kload_{op}", extra_cflags=CFLAGS, extra_cuda_cflags=CUDA_CFLAGS,
-                           extra_ldflags=LDFLAGS)
+                           extra_ldflags=LDFLAGS, reload=False)
             h.load()
             _AUTOGRAD[op](h)
             _handles[op] = h

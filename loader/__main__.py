@@ -54,8 +54,7 @@ def _find(store, key: str):
     key = key.strip()
     if len(key) < 4:
         raise KloadError(f"kload: a key prefix needs at least 4 characters, got {key!r}")
-    found = [e for e in store.all_entries() if e.key.startswith(key) or e.path.name == key
-             or e.path.name.endswith("-" + key) or e.path.name.startswith(key)]
+    found = [e for e in store.all_entries() if e.key.startswith(key) or e.path.name.startswith(key)]
     if not found:
         raise KloadError(f"kload: no entry in {store.root} matches {key!r} (see `python -m kload cache list`)")
     if len(found) > 1:
@@ -70,26 +69,29 @@ def cmd_list(args) -> int:
     from kload.cache.store import dir_size
 
     store = _store()
-    entries = store.all_entries()
+    entries = sorted(store.all_entries(), key=lambda e: -e.last_used())
+    sizes = {e.path.name: dir_size(e.path) for e in entries}
+
+    def torch_version(e) -> str:
+        return str((e.manifest.get("inputs") or {}).get("torch", {}).get("version", "?"))
+
     if args.json:
         print(json.dumps([{"name": e.manifest.get("name"), "key": e.key, "path": str(e.path),
-                           "size": dir_size(e.path), "last_used": e.last_used(),
-                           "torch": (e.manifest.get("inputs") or {}).get("torch", {}).get("version"),
+                           "size": sizes[e.path.name], "last_used": e.last_used(), "torch": torch_version(e),
                            "compiler": _compiler(e)} for e in entries], indent=1))
         return 0
     print(f"cache: {store.root}")
     if not entries:
         print("no entries")
         return 0
-    rows = [(e.manifest.get("name", "?"), e.key[:16], _human(dir_size(e.path)), _ago(e.last_used()),
-             str((e.manifest.get("inputs") or {}).get("torch", {}).get("version", "?")), _compiler(e))
-            for e in sorted(entries, key=lambda e: -e.last_used())]
+    rows = [(e.manifest.get("name", "?"), e.key[:16], _human(sizes[e.path.name]), _ago(e.last_used()),
+             torch_version(e), _compiler(e)) for e in entries]
     head = ("NAME", "KEY", "SIZE", "LAST USED", "TORCH", "COMPILER")
     widths = [max(len(r[i]) for r in rows + [head]) for i in range(len(head))]
     for r in [head] + rows:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
-    total = sum(dir_size(e.path) for e in entries)
-    print(f"{len(entries)} entries, {_human(total)} (limit {os.environ.get('KLOAD_CACHE_MAX_SIZE') or knobs.DEFAULT_MAX_SIZE})")
+    print(f"{len(entries)} entries, {_human(sum(sizes.values()))} "
+          f"(limit {os.environ.get('KLOAD_CACHE_MAX_SIZE') or knobs.DEFAULT_MAX_SIZE})")
     return 0
 
 

@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 import hashlib
-import os
 from pathlib import Path
+
+from kload.cache.store import write_atomic
 
 from . import knobs
 from .plan import check_name, make_options
@@ -65,9 +66,7 @@ def write_files(folder: Path, files: dict[str, str]) -> dict[str, Path]:
     for fname, text in files.items():
         path = folder / fname
         if not path.exists() or path.read_text() != text:
-            tmp = path.with_name(f".{fname}.{os.getpid()}.tmp")
-            tmp.write_text(text)
-            os.replace(tmp, path)
+            write_atomic(path, text)
         out[fname] = path
     return out
 

@@ -71,7 +71,7 @@ class Handle:
         d["_loaded"] = None
         d["_entry"] = None
         d["_stale"] = False       # a watched file changed: rebuild at the next access
-        d["_files"] = set()       # what the watcher looks at (sources + local headers)
+        d["_files"] = set()       # what the watcher looks at (sources + local headers), if watched
         d["_last_error"] = None   # the rebuild error reported last (each is reported once)
 
     # -- public API (few names, so they rarely shadow an op; ops stay reachable via .ops) --
@@ -147,13 +147,10 @@ class Handle:
             return self._loaded
 
     def _watch(self) -> None:
-        files = [str(p) for p in self._opts.paths] + list(self._entry.manifest.get("headers", {}))
-        if self._opts.reload:
+        if self._opts.reload:  # reload() checks through the key and needs no file list
             from .watch import watch
 
-            watch(self, files)
-        else:
-            self.__dict__["_files"] = set(files)
+            watch(self, [str(p) for p in self._opts.paths] + list(self._entry.manifest.get("headers", {})))
 
     def _drop_ops(self) -> None:
         for attr in [a for a in list(self.__dict__) if not a.startswith("_")]:  # list(): atomic copy

@@ -30,8 +30,9 @@ from .plan import check_name
 MAX_LINES = 40
 
 
-class CellCompileError(KloadError):
-    """A ``%%kload`` cell did not compile; shown as a short message, not a traceback."""
+class CellError(KloadError):
+    """A ``%%kload`` cell did not build (a compile error, bad options, CUDA unavailable);
+    shown as a short message, not a traceback."""
 
     def __init__(self, text: str):
         super().__init__(text)
@@ -72,7 +73,7 @@ class KloadMagics(Magics):
             name = check_name(args.name)
             flags = [shlex.split(f) for f in (args.cflags, args.cuda_cflags, args.ldflags)]
         except ValueError as e:  # a bad name, an unbalanced quote
-            raise CellCompileError(str(e) if str(e).startswith("kload:") else f"kload: %%kload {line}: {e}") from None
+            raise CellError(str(e) if str(e).startswith("kload:") else f"kload: %%kload {line}: {e}") from None
         suffix = ".cu" if args.cuda else ".cpp"
         cell_text = f"%%kload {line}\n{cell}"
         folder = inline_folder(name, {f"{name}.cell": cell_text, "suffix": suffix})
@@ -86,9 +87,9 @@ class KloadMagics(Magics):
                           debug=True if args.debug else None, reload=False)
             handle.load()
         except CompileError as e:
-            raise CellCompileError(cell_error_text(name, e, cell_file)) from None
+            raise CellError(cell_error_text(name, e, cell_file)) from None
         except (KloadError, FileNotFoundError) as e:  # CUDA cannot be built here, a missing -I: the message
-            raise CellCompileError(str(e) if str(e).startswith("kload:") else f"kload: {e}") from None
+            raise CellError(str(e) if str(e).startswith("kload:") else f"kload: {e}") from None
         self.shell.user_ns[name] = handle
 
     @line_magic("kload")

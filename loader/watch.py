@@ -15,6 +15,7 @@ log = logging.getLogger("kload")
 
 _lock = threading.Lock()
 _observer = None
+_handler = None
 _watched_dirs: dict[str, object] = {}               # directory -> watchdog watch
 _handles: "weakref.WeakSet" = weakref.WeakSet()      # handles that reload on save
 
@@ -50,7 +51,7 @@ def _make_handler():
 
 def watch(handle, files) -> None:
     """Mark ``handle`` stale whenever one of ``files`` is written, replaced or removed."""
-    global _observer
+    global _observer, _handler
     files = {_norm(f) for f in files}
     handle.__dict__["_files"] = files
     with _lock:
@@ -61,10 +62,10 @@ def watch(handle, files) -> None:
                 _observer = Observer()
                 _observer.daemon = True
                 _observer.start()
-                _observer.kload_handler = _make_handler()
+                _handler = _make_handler()
             for d in sorted({os.path.dirname(f) for f in files}):
                 if d not in _watched_dirs and os.path.isdir(d):
-                    _watched_dirs[d] = _observer.schedule(_observer.kload_handler, d, recursive=False)
+                    _watched_dirs[d] = _observer.schedule(_handler, d, recursive=False)
         except Exception as e:  # noqa: BLE001 - e.g. out of inotify watches: reload() still works
             log.warning("kload: cannot watch %s for changes (%s); call handle.reload() after an edit",
                         ", ".join(sorted(files)), e)

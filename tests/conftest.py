@@ -54,13 +54,7 @@ def invocations(log: Path) -> int:
 
 def run_py(code: str, env: dict | None = None, cwd=None, timeout=600) -> dict:
     """Run ``code`` in a fresh interpreter; it prints one JSON object as its last line."""
-    full_env = dict(os.environ)
-    full_env.update(env or {})
-    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                          env=full_env, cwd=cwd, timeout=timeout)
-    if proc.returncode != 0:
-        raise AssertionError(f"subprocess failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return last_json(run_code(code, env, cwd=cwd, timeout=timeout))
 
 
 def write(path: Path, text: str) -> Path:
@@ -149,12 +143,12 @@ def tiny_call(src: Path, name: str, extra: str = "") -> str:
     """
 
 
-def run_code(code: str, env: dict | None = None, timeout=600) -> subprocess.CompletedProcess:
-    """Like run_py, but returns the finished process whatever its status."""
+def run_code(code: str, env: dict | None = None, cwd=None, timeout=600) -> subprocess.CompletedProcess:
+    """Run ``code`` in a fresh interpreter and return the finished process, whatever its status."""
     full_env = dict(os.environ)
     full_env.update(env or {})
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                          env=full_env, timeout=timeout)
+                          env=full_env, cwd=cwd, timeout=timeout)
 
 
 def last_json(proc: subprocess.CompletedProcess) -> dict:

@@ -3,19 +3,15 @@ progress output, incremental rebuilds, debug builds. Every build compiles for re
 """
 from __future__ import annotations
 
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import nbformat
-import pytest
 import torch
 from nbclient import NotebookClient
 
 import kload
 
-from conftest import EXAMPLES, compiles, run_py, write
+from conftest import EXAMPLES, compiles, last_json, run_code, run_py, write
 
 OP = """\
     #include <kload/kernel.h>
@@ -69,12 +65,8 @@ RELOAD_SCRIPT = """
 def test_edit_reloads_and_a_failed_rebuild_keeps_the_last_good_build(tmp_path):
     write(tmp_path / "factor.h", "#define FACTOR 2.0\n")
     write(tmp_path / "scale.cpp", OP.format())
-    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(RELOAD_SCRIPT.format(d=str(tmp_path)))],
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr
-    import json
-
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    proc = run_code(RELOAD_SCRIPT.format(d=str(tmp_path)))
+    out = last_json(proc)
     assert out["seen"] == [[2.0, 2.0], [3.0, 3.0], [3.0, 3.0], [3.0, 3.0], [5.0, 5.0], [6.0, 6.0]]
     assert out["same_op"] is True
     assert out["old_fn_still_works"] == [2.0, 2.0]  # an op fetched earlier keeps its build
@@ -141,14 +133,12 @@ def test_progress_line_with_verbose_and_silence_without(tmp_path):
         ops = kload.load({str(src)!r})
         print(json.dumps({{"out": ops.scale(torch.ones(1)).tolist()}}))
     """
-    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                          env={**__import__("os").environ, "KLOAD_VERBOSE": "1"}, timeout=600)
+    proc = run_code(code, {"KLOAD_VERBOSE": "1"})
     assert proc.returncode == 0, proc.stderr
     assert "kload: building scale" in proc.stderr and "compiling scale.cpp" in proc.stderr, proc.stderr
     assert "kload: built scale in" in proc.stderr
     # the same build again, not a terminal and no KLOAD_VERBOSE: nothing on stderr
-    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                          timeout=600)
+    proc = run_code(code)
     assert proc.returncode == 0 and "kload" not in proc.stderr, proc.stderr
 
 
