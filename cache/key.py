@@ -12,7 +12,7 @@ import hashlib
 import json
 import os
 
-SCHEMA = 1  # bump when the layout or the meaning of a key changes
+from . import SCHEMA, stamp_of  # noqa: F401 (re-exported)
 
 
 def digest(obj) -> str:
@@ -44,10 +44,6 @@ def stat_stamp(path: str) -> list | None:
     except OSError:
         return None
     return stamp_of(st)
-
-
-def stamp_of(st: os.stat_result) -> list:
-    return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
 
 
 def unchanged(path: str, sha256: str, stamp: list | None, st: os.stat_result | None = None) -> bool:

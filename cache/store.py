@@ -26,29 +26,13 @@ from pathlib import Path
 
 from kload.errors import KloadError
 
-from .key import SCHEMA, file_sha256, sha256_now, stat_stamp, unchanged
+from . import (HITS, LAST_USED, MANIFEST, RACY_NS, SCHEMA, Entry, check_private, entry_in_use,  # noqa: F401
+               hit_record_path, read_json, stamp_of)
+from .key import file_sha256, sha256_now, stat_stamp, unchanged
 
 log = logging.getLogger("kload")
 
-MANIFEST = "manifest.json"
-LAST_USED = "last_used"   # its mtime is the entry's last use (kload writes it; atime is unreliable)
-STAMP_EVERY = 60.0        # seconds: a hit rewrites the last-use stamp at most this often
 GRACE = 600.0             # seconds: eviction never takes an entry used or built more recently
-
-
-def check_private(path: Path, st: os.stat_result, what: str) -> None:
-    """Refuse what another user owns or what group/others may write."""
-    me = os.geteuid()
-    if st.st_uid != me:
-        raise KloadError(
-            f"kload: refusing {what} {path}: it is owned by uid {st.st_uid}, not by you (uid {me}). "
-            "Loading from it would run another user's code; set KLOAD_CACHE_DIR to a directory of your own."
-        )
-    if st.st_mode & 0o022:
-        raise KloadError(
-            f"kload: refusing {what} {path}: it is writable by group or others (mode {st.st_mode & 0o777:o}), "
-            f"so anyone could replace what kload loads. Run `chmod go-w {path}` or set KLOAD_CACHE_DIR."
-        )
 
 
 def writable_error(root: Path, e: OSError) -> KloadError:
@@ -92,35 +76,6 @@ def dir_size(path: Path) -> int:
     return total
 
 
-@contextmanager
-def entry_in_use(entry_path: Path):
-    """A shared lock on an entry while it is checked and loaded: eviction and
-    ``cache clear`` take it exclusively, so they never pull a library out from
-    under a loading process."""
-    try:
-        fd = os.open(entry_path / MANIFEST, os.O_RDONLY)
-    except OSError:
-        yield
-        return
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH)
-        yield
-    finally:
-        os.close(fd)
-
-
-def read_json(path: Path) -> dict | None:
-    try:
-        with open(path, "rb") as f:
-            value = json.loads(f.read())
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as e:
-        log.warning("kload: ignoring unreadable %s (%s)", path, e)
-        return None
-    return value if isinstance(value, dict) else None
-
-
 def write_atomic(path: Path, text: str, mode: int = 0o600) -> None:
     """Write ``text`` to a temporary file beside ``path`` (created with ``mode``), then
     ``os.replace`` it into place: a reader never sees half a file, and an
@@ -143,45 +98,6 @@ def write_json_atomic(path: Path, obj) -> None:
     write_atomic(path, json.dumps(obj, indent=1, sort_keys=True))
 
 
-class Entry:
-    """A published build: its directory and its manifest."""
-
-    __slots__ = ("path", "manifest")
-
-    def __init__(self, path: Path, manifest: dict):
-        self.path, self.manifest = path, manifest
-
-    @property
-    def artifact(self) -> Path:
-        return self.path / self.manifest["artifact"]
-
-    @property
-    def key(self) -> str:
-        return self.manifest["key"]
-
-    def last_used(self) -> float:
-        try:
-            return os.stat(self.path / LAST_USED).st_mtime
-        except OSError:
-            return float(self.manifest.get("created", 0.0))
-
-    def touch(self) -> None:
-        """Record a use (at most every STAMP_EVERY seconds; silently not on a read-only cache)."""
-        stamp = self.path / LAST_USED
-        now = time.time()
-        try:
-            if now - os.stat(stamp).st_mtime < STAMP_EVERY:
-                return
-            os.utime(stamp, (now, now))
-        except FileNotFoundError:
-            try:
-                os.close(os.open(stamp, os.O_WRONLY | os.O_CREAT, 0o600))
-            except OSError:
-                pass
-        except OSError:
-            pass
-
-
 class Store:
     def __init__(self, root: Path):
         self.root = Path(root)
@@ -191,6 +107,7 @@ class Store:
         self.locks = self.root / "locks"
         self.inline = self.root / "inline"
         self.quarantine_dir = self.root / "quarantine"
+        self.hits = self.root / HITS
         self._prepared = False
 
     def check_root(self) -> bool:
@@ -233,6 +150,35 @@ class Store:
             if entry is not None:
                 return entry
         return None
+
+    def write_hit_record(self, name: str, fingerprint: str, cxx: str, entry: Entry,
+                         files: dict[str, str | None]) -> bool:
+        """Record how ``fingerprint`` found ``entry`` (see the package docstring):
+        ``files`` maps each file whose bytes are in the key to its SHA-256 (None for
+        a binary identified by its stamp alone). Nothing is written while any file is
+        too fresh to stamp safely, differs from its hash, or changes while hashed."""
+        now = time.time_ns()
+        stamped = []
+        for path, sha in files.items():
+            try:
+                before = os.stat(path)
+                if now - before.st_ctime_ns < RACY_NS or now - before.st_mtime_ns < RACY_NS:
+                    return False
+                if sha is not None and sha256_now(path) != sha:
+                    return False
+                if stamp_of(os.stat(path)) != stamp_of(before):
+                    return False
+            except OSError:
+                return False
+            stamped.append([path, stamp_of(before)])
+        try:
+            self.hits.mkdir(mode=0o700, exist_ok=True)
+            write_json_atomic(hit_record_path(self.root, name, fingerprint),
+                              {"fp": fingerprint, "cxx": cxx, "entry": entry.path.name, "key": entry.key,
+                               "files": stamped})
+        except OSError:  # a read-only or full cache: hits just take the full lookup
+            return False
+        return True
 
     def open_entry(self, path: Path, key: str | None) -> Entry | None:
         manifest = read_json(path / MANIFEST)

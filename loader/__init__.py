@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import logging
 
-from .api import load, load_inline
-from .errors import CompileError, KloadError
+# A cache hit imports these and kload.cache only; the rest loads when first needed.
 from . import knobs
-from .handle import HISTORY, Handle
+from .handle import HISTORY, Handle, load
 
 __all__ = ["load", "load_inline", "Handle", "CompileError", "KloadError", "HISTORY", "kernels"]
 __version__ = "0.1.0"
@@ -28,7 +27,15 @@ def load_ipython_extension(ipython):
 
 
 def __getattr__(name):
-    # `kload.kernels` (the shipped kernels) is imported on first use only
+    # `kload.kernels` (the shipped kernels), load_inline and the exceptions are imported on first use
+    if name == "load_inline":
+        from .api import load_inline
+
+        return load_inline
+    if name in ("CompileError", "KloadError"):
+        from . import errors
+
+        return getattr(errors, name)
     if name == "kernels":
         import importlib
 

@@ -190,7 +190,7 @@ def cmd_clear(args) -> int:
             n += 1
         else:
             kept += 1
-    for d in (store.index, store.quarantine_dir):
+    for d in (store.index, store.hits, store.quarantine_dir):
         shutil.rmtree(d, ignore_errors=True)
     builds = 0
     if store.builds.exists():

@@ -1,4 +1,5 @@
-"""The public entry points: ``load`` (files) and ``load_inline`` (strings)."""
+"""The public entry points: ``load`` (files; in handle.py, the hit path) and
+``load_inline`` (strings)."""
 from __future__ import annotations
 
 import hashlib
@@ -7,28 +8,8 @@ from pathlib import Path
 from kload.cache.store import write_atomic
 
 from . import knobs
-from .plan import check_name, make_options
 from .errors import KloadError
-from .handle import Handle
-from .sources import resolve_paths
-
-
-def load(*sources, name=None, extra_cflags=(), extra_cuda_cflags=(), extra_ldflags=(),
-         extra_include_paths=(), verbose=False, debug=None, reload=None) -> Handle:
-    """A handle to the ops in ``sources`` (.cpp/.cu); nothing compiles until first use.
-
-    ``debug=True`` builds with ``-g -O0`` (CUDA: ``-G``) into an entry of its own
-    (default: ``KLOAD_DEBUG``). ``reload=True`` watches the sources and the headers
-    they include, and the next access after a save runs the new code (default:
-    ``KLOAD_RELOAD``, else on in IPython/Jupyter and interactive sessions).
-    Missing files, unsupported suffixes and malformed options raise here, at once.
-    """
-    if len(sources) == 1 and isinstance(sources[0], (list, tuple)):
-        sources = tuple(sources[0])
-    paths = resolve_paths(list(sources))
-    opts = make_options(name, paths, extra_cflags, extra_cuda_cflags, extra_ldflags,
-                        extra_include_paths, verbose, debug, reload)
-    return Handle(opts)
+from .handle import Handle, check_name, load  # noqa: F401 (load is re-exported)
 
 
 def _as_text(value, what: str) -> str:

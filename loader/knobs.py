@@ -1,4 +1,6 @@
-"""Every environment variable kload reads, in one place (README lists them all).
+"""Every environment variable kload reads, in one place (README lists them all),
+and the facts about the environment (the installed torch, the interpreter, the
+compiler on PATH) that a cache hit checks.
 
 Each knob is read when it is used, not at import, so a test or a notebook can
 change it with ``os.environ`` and see the effect at the next build.
@@ -6,6 +8,8 @@ change it with ``os.environ`` and see the effect at the next build.
 from __future__ import annotations
 
 import os
+import sys
+from functools import lru_cache
 from pathlib import Path
 
 
@@ -46,8 +50,6 @@ def reload() -> bool:
     value = os.environ.get("KLOAD_RELOAD")
     if value is not None and value.strip() != "":
         return _flag("KLOAD_RELOAD")
-    import sys
-
     if "IPython" in sys.modules:
         try:
             if sys.modules["IPython"].get_ipython() is not None:
@@ -111,3 +113,68 @@ KEYED_ENV = (
     "LIBRARY_PATH",
     "_GLIBCXX_USE_CXX11_ABI",
 )
+
+
+def output_mode() -> str | None:
+    """Where progress goes: ``"notebook"``, ``"terminal"`` or None (log records only)."""
+    forced = verbose()
+    if forced is False:
+        return None
+    if "IPython" in sys.modules:  # never import IPython just to ask
+        try:
+            shell = sys.modules["IPython"].get_ipython()
+        except Exception:  # noqa: BLE001 - a half-initialized IPython is not a notebook
+            shell = None
+        if shell is not None and type(shell).__name__ == "ZMQInteractiveShell":
+            return "notebook"
+    try:
+        tty = sys.stderr.isatty()
+    except (AttributeError, ValueError):
+        tty = False
+    return "terminal" if (tty or forced) else None
+
+
+def keyed_environment() -> dict:
+    return {k: os.environ[k] for k in KEYED_ENV if k in os.environ}
+
+
+def cxx_command() -> str:
+    """The C++ compiler torch.utils.cpp_extension will run."""
+    return os.environ.get("CXX", "c++")
+
+
+def which(name: str) -> str | None:
+    """``shutil.which`` without its generality (this is the hit path): the first
+    executable ``name`` on PATH, or ``name`` itself if it is a path."""
+    if os.sep in name:
+        return name if os.access(name, os.X_OK) and not os.path.isdir(name) else None
+    for d in os.environ.get("PATH", os.defpath).split(os.pathsep):
+        p = os.path.join(d or ".", name)
+        if os.access(p, os.X_OK) and not os.path.isdir(p):
+            return p
+    return None
+
+
+@lru_cache(maxsize=None)
+def torch_identity() -> dict:
+    import torch
+
+    return {
+        "version": torch.__version__,
+        "git": getattr(torch.version, "git_version", None),
+        "cuda": torch.version.cuda,
+        "hip": getattr(torch.version, "hip", None),
+        "debug": bool(getattr(torch.version, "debug", False)),
+        "cxx11_abi": bool(torch._C._GLIBCXX_USE_CXX11_ABI),
+    }
+
+
+@lru_cache(maxsize=None)
+def python_identity() -> dict:
+    from importlib.machinery import EXTENSION_SUFFIXES
+
+    return {
+        "cache_tag": sys.implementation.cache_tag,
+        "ext_suffix": EXTENSION_SUFFIXES[0],
+        "abiflags": getattr(sys, "abiflags", ""),
+    }

@@ -1,93 +1,25 @@
-"""Everything known before compiling: options, the sources' style, the key inputs.
+"""Everything known before compiling: the sources' style, the flags, the key inputs;
+and the full lookup that a missing or outdated hit record falls back to.
 
-This is the cache-hit path (with cache/store.py and runtime.py): it imports
-nothing heavy and runs no subprocess.
+It runs no subprocess on a hit (compiler versions come from the cache's memo).
 """
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 
+from kload.cache import Entry
 from kload.cache.key import source_key
 from kload.cache.store import Store
 
 from . import knobs, toolchain
 from .errors import KloadError
+from .handle import (KEY_CODE, Options, check_name, default_name, include_dir,  # noqa: F401 (re-exported)
+                     make_options)
 from .sources import SourceSet, scan
 
 log = logging.getLogger("kload")
 
-
-
-def _is_c_identifier(name: str) -> bool:
-    return name.isidentifier() and name.isascii()  # no regex on the hit path
-_HERE = Path(__file__).resolve().parent
-# kload/kernels in an installed package; kernels/ beside loader/ in a checkout
-_KERNELS = _HERE / "kernels" if (_HERE / "kernels").is_dir() else _HERE.parent / "kernels"
-
-
-def include_dir() -> Path:
-    """Where <kload/kernel.h> lives."""
-    return _KERNELS / "include"
-
-
-class Options:
-    """What the caller asked for, validated."""
-
-    __slots__ = ("name", "paths", "cflags", "cuda_cflags", "ldflags", "include_paths", "verbose", "debug",
-                 "reload")
-
-    def __init__(self, name, paths, cflags=(), cuda_cflags=(), ldflags=(), include_paths=(), verbose=False,
-                 debug=False, reload=False):
-        self.name, self.paths = name, list(paths)
-        self.cflags, self.cuda_cflags, self.ldflags = list(cflags), list(cuda_cflags), list(ldflags)
-        self.include_paths, self.verbose, self.debug = list(include_paths), verbose, debug
-        self.reload = reload  # watch the files and rebuild on save (not part of the key)
-
-
-def check_name(name: str) -> str:
-    if not isinstance(name, str) or not _is_c_identifier(name):
-        raise ValueError(
-            f"kload: name must be a C identifier (letters, digits, underscores; not starting with a digit), got {name!r}"
-        )
-    return name
-
-
-def default_name(path: Path) -> str:
-    stem = "".join(c if c.isascii() and (c.isalnum() or c == "_") else "_" for c in path.stem)
-    return stem if _is_c_identifier(stem) else f"_{stem}"
-
-
-def _flag_list(value, what: str, kinds=(str,)) -> list:
-    if value is None:
-        return []
-    if isinstance(value, (str, os.PathLike)):
-        raise TypeError(f"kload: {what} must be a list of strings, got {value!r} (wrap it in a list)")
-    out = list(value)
-    for v in out:
-        if not isinstance(v, kinds):
-            raise TypeError(f"kload: {what} must contain strings, got {type(v).__name__}: {v!r}")
-    return out
-
-
-def make_options(name, paths, extra_cflags, extra_cuda_cflags, extra_ldflags, extra_include_paths,
-                 verbose, debug, reload=None) -> Options:
-    incs = [str(Path(p).expanduser().absolute()) for p in _flag_list(extra_include_paths, "extra_include_paths", (str, os.PathLike))]
-    for inc in incs:
-        if not Path(inc).is_dir():
-            raise FileNotFoundError(f"kload: include directory not found: {inc}")
-    return Options(
-        name=check_name(name if name is not None else default_name(paths[0])),
-        paths=paths,
-        cflags=_flag_list(extra_cflags, "extra_cflags"),
-        cuda_cflags=_flag_list(extra_cuda_cflags, "extra_cuda_cflags"),
-        ldflags=_flag_list(extra_ldflags, "extra_ldflags"),
-        include_paths=incs,
-        verbose=bool(verbose),
-        debug=knobs.debug() if debug is None else bool(debug),
-        reload=knobs.reload() if reload is None else bool(reload),
-    )
 
 
 class Plan:
@@ -168,3 +100,57 @@ def plan(opts: Options, store: Store) -> Plan:
         inputs["cuda_arch"] = toolchain.cuda_arch_list()
     return Plan(opts, sset, [s.path for s in built], with_cuda, reason, cflags, cuda_cflags, ldflags,
                 inputs, source_key(inputs))
+
+
+def resolve_full(opts: Options, root: Path, fast: tuple[str, str] | None) -> tuple[Entry, str]:
+    """``(entry, "cache" | "built")`` the full way: hash the inputs, look the key up,
+    else lock and compile. Then write the hit record for ``fast`` (the fingerprint
+    and compiler path from handle.fingerprint), so the next process need not."""
+    store = Store(root)
+    p = plan(opts, store)
+    entry = store.lookup(p.skey)
+    how = "cache"
+    if entry is not None:
+        entry.touch()
+    else:
+        if knobs.disable_jit():
+            from .explain import explain_plan
+
+            reasons = explain_plan(p, store).reasons
+            raise KloadError(
+                f"kload: KLOAD_DISABLE_JIT=1 and the cache at {store.root} has no build of {opts.name!r} for "
+                "these inputs, so nothing is compiled" + "".join(f"\n  {r}" for r in reasons)
+                + "\nPrebuild it into the cache with `python -m kload build SOURCES...` (same flags), or unset "
+                "KLOAD_DISABLE_JIT."
+            )
+        from .build import compile_plan  # the compile machinery loads on a miss only
+        from .runtime import check_fixed_namespaces
+
+        # a fixed TORCH_LIBRARY namespace can be registered once per process: refuse
+        # before compiling, since torch loads what it builds
+        check_fixed_namespaces(opts.name, p.sources.fixed_namespaces, None)
+        entry, seconds = compile_plan(p, store)
+        if seconds > 0:
+            how = "built"
+            try:
+                limit = knobs.cache_max_size()
+            except ValueError as e:  # a bad KLOAD_CACHE_MAX_SIZE must not fail a build that succeeded
+                log.warning("%s; KLOAD_CACHE_MAX_SIZE is ignored", e)
+                limit = None
+            if limit is not None:
+                for gone in store.evict_to(limit, keep={entry.path.name}):
+                    log.info("kload: evicted %s (least recently used; KLOAD_CACHE_MAX_SIZE)", gone.path.name)
+    if fast is not None:
+        fingerprint, cxx = fast
+        files: dict[str, str | None] = {str(s.path): s.sha256 for s in p.sources.sources}
+        files.update(entry.manifest.get("headers") or {})
+        files[cxx] = None  # the compiler binary: its version is remembered by this stamp too
+        for code in KEY_CODE:
+            files[code] = None
+        if "-fuse-ld=gold" in p.ldflags:
+            gold = toolchain.which("ld.gold")
+            if gold is None:
+                return entry, how
+            files[gold] = None
+        store.write_hit_record(opts.name, fingerprint, cxx, entry, files)
+    return entry, how

@@ -27,23 +27,7 @@ DELAY = 1.0      # seconds before a build shows a live line
 INTERVAL = 0.25  # seconds between updates
 
 
-def mode() -> str | None:
-    """``"notebook"``, ``"terminal"`` or None (log records only)."""
-    forced = knobs.verbose()
-    if forced is False:
-        return None
-    if "IPython" in sys.modules:  # never import IPython just to ask
-        try:
-            shell = sys.modules["IPython"].get_ipython()
-        except Exception:  # noqa: BLE001 - a half-initialized IPython is not a notebook
-            shell = None
-        if shell is not None and type(shell).__name__ == "ZMQInteractiveShell":
-            return "notebook"
-    try:
-        tty = sys.stderr.isatty()
-    except (AttributeError, ValueError):
-        tty = False
-    return "terminal" if (tty or forced) else None
+mode = knobs.output_mode
 
 
 def say(text: str, *, error: bool = False) -> None:

@@ -1,60 +1,17 @@
-"""Loading a cache entry into this process, once per artifact.
-
-Op libraries and TORCH_LIBRARY code load with ``torch.ops.load_library``; pybind11
-modules through an ``ExtensionFileLoader`` on the entry's own path (never put in
-``sys.modules``), so a newer build of the same module name loads beside the old.
+"""What loading needs beyond the hit path (handle.load_entry): listing a
+namespace's ops, the once-per-process rule of fixed TORCH_LIBRARY namespaces,
+and stand-in CUDA kernels for a library built without its CUDA sources.
 """
 from __future__ import annotations
 
 import logging
-import threading
-from importlib.machinery import ExtensionFileLoader
-from importlib.util import module_from_spec, spec_from_file_location
-from types import ModuleType
-
-from kload.cache.store import Entry
 
 from .errors import KloadError
+from .handle import Loaded, load_entry  # noqa: F401 (re-exported)
 
 log = logging.getLogger("kload")
 
-_lock = threading.RLock()
-_loaded: dict[str, "Loaded"] = {}          # artifact path -> what it registered
 _fixed_owner: dict[str, str] = {}          # TORCH_LIBRARY namespace -> key of the build that owns it
-
-
-class Loaded:
-    """What one artifact brought into this process."""
-
-    __slots__ = ("entry", "module", "namespaces", "_keepalive")
-
-    def __init__(self, entry: Entry, module: ModuleType | None, namespaces: list[str]):
-        self.entry, self.module, self.namespaces = entry, module, namespaces
-        self._keepalive: list = []  # torch.library.Library objects that must outlive the handle
-
-    def op_names(self) -> list[str]:
-        names: set[str] = set()
-        for ns in self.namespaces:
-            names.update(ops_in_namespace(ns))
-        return sorted(names)
-
-    def names(self) -> list[str]:
-        names = set(self.op_names())
-        if self.module is not None:
-            names.update(n for n in vars(self.module) if not n.startswith("_"))
-        return sorted(names)
-
-    def resolve(self, attr: str):
-        if self.module is not None and not attr.startswith("_") and hasattr(self.module, attr):
-            return getattr(self.module, attr)
-        import torch
-
-        for ns in self.namespaces:
-            try:  # one schema lookup, not a listing of every op in the process
-                return getattr(getattr(torch.ops, ns), attr)
-            except (AttributeError, RuntimeError):
-                continue
-        return None
 
 
 def ops_in_namespace(ns: str) -> set[str]:
@@ -94,44 +51,7 @@ def claim_fixed_namespaces(namespaces: list[str], key: str) -> None:
         _fixed_owner[ns] = key
 
 
-def load_entry(entry: Entry, *, just_built: bool = False) -> Loaded:
-    path = str(entry.artifact)
-    with _lock:
-        done = _loaded.get(path)
-        if done is not None:
-            return done
-        m = entry.manifest
-        fixed = list(m.get("fixed_namespaces") or [])
-        if not just_built:
-            check_fixed_namespaces(m["name"], fixed, entry.key)
-        import torch
-
-        module = None
-        try:
-            if m.get("python_module"):
-                # A dotted name unique to this build: Python still calls PyInit_<name>
-                # (the last component), and pybind11, which caches modules by their
-                # full name, initializes each build's module on its own.
-                qual = f"_kload_{entry.key[:16]}.{m['name']}"
-                spec = spec_from_file_location(qual, path, loader=ExtensionFileLoader(qual, path))
-                module = module_from_spec(spec)
-                spec.loader.exec_module(module)
-            else:
-                torch.ops.load_library(path)
-        except (OSError, ImportError) as e:
-            cause = e.__cause__ or e
-            hint = f" (its CUDA sources were not built: {m['cuda_skipped']})" if m.get("cuda_skipped") else ""
-            raise KloadError(f"kload: cannot load {path}: {cause}{hint}") from None
-        claim_fixed_namespaces(fixed, entry.key)
-        namespaces = ([m["namespace"]] if m.get("namespace") else []) + fixed
-        loaded = Loaded(entry, module, namespaces)
-        if m.get("cuda_skipped"):
-            loaded._keepalive.append(_register_cuda_stubs(loaded, m["name"], m["cuda_skipped"]))
-        _loaded[path] = loaded
-        return loaded
-
-
-def _register_cuda_stubs(loaded: Loaded, name: str, reason: str):
+def register_cuda_stubs(loaded: Loaded, name: str, reason: str):
     """Give each op without a CUDA kernel one that says why it has none."""
     import torch
 

@@ -11,9 +11,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from .errors import KloadError
-
-CPP_SUFFIXES = (".cpp", ".cc", ".cxx", ".c++", ".c")
-CUDA_SUFFIXES = (".cu",)
+from .handle import CPP_SUFFIXES, CUDA_SUFFIXES, resolve_paths  # noqa: F401 (re-exported)
 
 # Patterns as strings: `re` compiles each once, on first use, and only where a
 # cheap substring test says the construct may be there (this is the hit path).
@@ -56,38 +54,6 @@ class SourceSet:
     @property
     def has_cuda(self) -> bool:
         return any(s.is_cuda for s in self.sources)
-
-
-def resolve_paths(sources) -> list[Path]:
-    """Absolute paths of the given sources; a clear error for a missing or odd one."""
-    if isinstance(sources, (str, Path)):
-        sources = [sources]
-    paths = []
-    for s in sources:
-        if not isinstance(s, (str, Path)):
-            raise TypeError(f"kload: a source must be a path, got {type(s).__name__}: {s!r}")
-        text = os.fspath(s)
-        if text.startswith("~"):
-            text = os.path.expanduser(text)
-        p = Path(text if os.path.isabs(text) else os.path.join(os.getcwd(), text))
-        if p.suffix.lower() not in CPP_SUFFIXES + CUDA_SUFFIXES:
-            raise KloadError(
-                f"kload: unsupported source type {p.suffix or '(no suffix)'!r} for {p}; "
-                f"expected one of {', '.join(CPP_SUFFIXES + CUDA_SUFFIXES)} (headers are found through #include)"
-            )
-        if not os.path.isfile(text):
-            raise FileNotFoundError(f"kload: source file not found: {p}")
-        if p in paths:
-            raise KloadError(f"kload: source listed twice: {p}")
-        paths.append(p)
-    if not paths:
-        raise KloadError("kload: load() needs at least one source file")
-    stems = [p.stem for p in paths if p.suffix not in CUDA_SUFFIXES]
-    dup = {s for s in stems if stems.count(s) > 1}
-    if dup:
-        # torch names object files after the stem: two a.cpp would overwrite each other's a.o
-        raise KloadError(f"kload: two C++ sources share the file name {sorted(dup)[0]!r}; rename one")
-    return paths
 
 
 def scan(paths: list[Path], memo: dict | None = None) -> SourceSet:

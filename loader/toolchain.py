@@ -7,42 +7,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import sys
 from functools import lru_cache
-from importlib.machinery import EXTENSION_SUFFIXES
 from pathlib import Path
 
 from . import knobs
 from .errors import KloadError
+from .knobs import cxx_command, keyed_environment, python_identity, torch_identity, which  # noqa: F401
 from kload.cache.store import read_json, write_json_atomic
-
-
-def cxx_command() -> str:
-    """The C++ compiler torch.utils.cpp_extension will run."""
-    return os.environ.get("CXX", "c++")
-
-
-@lru_cache(maxsize=None)
-def torch_identity() -> dict:
-    import torch
-
-    return {
-        "version": torch.__version__,
-        "git": getattr(torch.version, "git_version", None),
-        "cuda": torch.version.cuda,
-        "hip": getattr(torch.version, "hip", None),
-        "debug": bool(getattr(torch.version, "debug", False)),
-        "cxx11_abi": bool(torch._C._GLIBCXX_USE_CXX11_ABI),
-    }
-
-
-@lru_cache(maxsize=None)
-def python_identity() -> dict:
-    return {
-        "cache_tag": sys.implementation.cache_tag,
-        "ext_suffix": EXTENSION_SUFFIXES[0],
-        "abiflags": getattr(sys, "abiflags", ""),
-    }
 
 
 @lru_cache(maxsize=None)
@@ -67,18 +38,6 @@ def host_cpu() -> str:
     return f"{model} flags:{hashlib.sha256(flags.encode()).hexdigest()[:16]}"
 
 
-def which(name: str) -> str | None:
-    """``shutil.which`` without its generality (this is the hit path): the first
-    executable ``name`` on PATH, or ``name`` itself if it is a path."""
-    if os.sep in name:
-        return name if os.access(name, os.X_OK) and not os.path.isdir(name) else None
-    for d in os.environ.get("PATH", os.defpath).split(os.pathsep):
-        p = os.path.join(d or ".", name)
-        if os.access(p, os.X_OK) and not os.path.isdir(p):
-            return p
-    return None
-
-
 def has_gold(cache_root: Path) -> bool:
     """Is ``ld.gold`` on PATH? Remembered in the cache's memo per PATH: a hit checks
     the remembered file with one access() instead of searching PATH. (Which gold is
@@ -95,10 +54,6 @@ def has_gold(cache_root: Path) -> bool:
     known[k] = path or False
     save_memo(cache_root)
     return path is not None
-
-
-def keyed_environment() -> dict:
-    return {k: os.environ[k] for k in knobs.KEYED_ENV if k in os.environ}
 
 
 def find_cuda_home() -> str | None:

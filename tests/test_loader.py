@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -371,3 +372,46 @@ def test_missing_aten_function_gets_an_include_hint(tmp_path):
     """)
     with pytest.raises(kload.CompileError, match=r"needs_ops.cpp:2:.*\n.*\n.*#include <ATen/ops/empty_like.h>"):
         kload.load(src).twin
+
+
+def test_hit_record_serves_fresh_processes_and_any_edit_voids_it(vadd_dir, kload_cache):
+    """A fresh process finds its entry through the hit record (nothing of kload but
+    the hit path is imported); a same-size edit with its mtime put back, or a
+    damaged record, goes the full way and still gives the right answer."""
+    src = str(vadd_dir / "vadd.cpp")
+    probe = """
+        import json, sys, torch, kload
+        out = kload.load({src!r}).vector_add(torch.ones(1), torch.ones(1)).tolist()
+        print(json.dumps({{"out": out, "full": "kload.plan" in sys.modules,
+                           "modules": sorted(m for m in sys.modules if m.startswith("kload"))}}))
+    """.format(src=src)
+    hits = kload_cache / "hits"
+    before = set(hits.glob("vadd-*.json")) if hits.exists() else set()
+    first = run_py(probe)  # builds, then records it (if the files are past the racy window by then)
+    assert first["out"] == [2.0] and first["full"]
+    time.sleep(2.2)  # past the racy window (RACY_NS) in any case
+    second = run_py(probe)  # the record, or the full lookup, which then writes it
+    assert second["out"] == [2.0]
+    records = set(hits.glob("vadd-*.json")) - before
+    assert len(records) == 1
+    third = run_py(probe)
+    assert third["out"] == [2.0] and not third["full"], "the record serves a fresh process"
+    assert third["modules"] == ["kload", "kload.cache", "kload.handle", "kload.knobs"]
+
+    header = vadd_dir / "scale.h"
+    st = header.stat()
+    header.write_text("#define SCALE 5.0f\n")  # same length as "1.0f", mtime put back
+    os.utime(header, ns=(st.st_atime_ns, st.st_mtime_ns))
+    edited = run_py(probe)
+    assert edited["out"] == [10.0] and edited["full"], "a changed ctime voids the record"
+
+    time.sleep(2.2)
+    run_py(probe)  # the record for the edited header exists after this run at the latest
+    record = records.pop()
+    good = json.loads(record.read_text())
+    assert not run_py(probe)["full"]
+    for bad in ("{not json", json.dumps({**good, "files": 3}), json.dumps({**good, "entry": "../../x"}),
+                json.dumps({**good, "files": [["/nonexistent", [1, 2]]]})):
+        record.write_text(bad)
+        damaged = run_py(probe)
+        assert damaged["out"] == [10.0] and damaged["full"], bad
