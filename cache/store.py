@@ -5,6 +5,7 @@
     <root>/build/<name>-<ws12>/         ninja's working directory (objects kept)
     <root>/locks/<name>-<ws12>.lock     the build lock of that directory
     <root>/quarantine/                  entries whose artifact failed its check
+    <root>/hits/<name>-<crc>.json       hit records: how a fresh process finds its entry (__init__.py)
 
 Loading never raises for a missing, stale or corrupt entry: a corrupt one is
 moved to quarantine/, logged, and reported as a miss; the caller rebuilds.

@@ -21,7 +21,6 @@ from .sources import SourceSet, scan
 log = logging.getLogger("kload")
 
 
-
 class Plan:
     """The build as kload will run it, and its source key."""
 
