@@ -167,11 +167,12 @@ class Store:
                     return False
                 if sha is not None and sha256_now(path) != sha:
                     return False
-                if stamp_of(os.stat(path)) != stamp_of(before):
+                stamp = stamp_of(before)
+                if stamp_of(os.stat(path)) != stamp:
                     return False
             except OSError:
                 return False
-            stamped.append([path, stamp_of(before)])
+            stamped.append([path, stamp])
         try:
             self.hits.mkdir(mode=0o700, exist_ok=True)
             write_json_atomic(hit_record_path(self.root, name, fingerprint),
