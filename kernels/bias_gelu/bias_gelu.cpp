@@ -5,11 +5,12 @@
 // multiply and a reduction for grad_bias: several passes and temporaries. Here
 // forward reads x once and writes y; backward reads grad and x once, writes
 // grad_x and reduces grad_bias per thread on the way.
-// float32 uses polynomial erf/exp on 16-lane vectors (|error| < 1e-6); float64
-// uses std::erf/std::exp.
+// float32 uses polynomial erf/exp on the target's float vectors (|error| < 1e-6);
+// float64 uses std::erf/std::exp.
 #include <kload/kernel.h>
 #include "bias_gelu.h"
 #include <kload/cpu/parallel.h>
+#include <kload/cpu/vec.h>
 #include <ATen/Dispatch.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
@@ -26,20 +27,21 @@ using namespace kload_bias_gelu;
 constexpr double kSqrtHalf = 0.70710678118654752440;
 constexpr double kInvSqrt2Pi = 0.39894228040143267794;
 
-// float32 math on 16 lanes with GCC vector extensions (AVX-512 under -march=native,
-// AVX2 pairs otherwise), written out because GCC does not auto-vectorize the bit
-// trick exp needs. The same templates serve the scalar tail.
-typedef float v16f __attribute__((vector_size(64)));
-typedef int32_t v16i __attribute__((vector_size(64)));
+// float32 math on kload/cpu/vec.h's vectors (16 lanes with AVX-512, 8 with AVX2),
+// written out because GCC does not auto-vectorize the bit trick exp needs. The
+// same templates serve the scalar tail.
+using kload::cpu::kLanes;
+using kload::cpu::vfloat;
+using kload::cpu::vint;
 
 inline float clamp(float x, float lo, float hi) { return x < lo ? lo : (x > hi ? hi : x); }
-inline v16f clamp(v16f x, float lo, float hi) {
-  x = x < lo ? v16f{} + lo : x;
-  return x > hi ? v16f{} + hi : x;
+inline vfloat clamp(vfloat x, float lo, float hi) {
+  x = x < lo ? vfloat{} + lo : x;
+  return x > hi ? vfloat{} + hi : x;
 }
 inline float floor_of(float x) { return std::floor(x); }
-inline v16f floor_of(v16f x) {
-  const v16f t = __builtin_convertvector(__builtin_convertvector(x, v16i), v16f);  // toward zero
+inline vfloat floor_of(vfloat x) {
+  const vfloat t = __builtin_convertvector(__builtin_convertvector(x, vint), vfloat);  // toward zero
   return t > x ? t - 1.f : t;
 }
 inline float pow2_of(float n) {  // 2^n for integral n in [-126, 127], built in the exponent bits
@@ -48,7 +50,7 @@ inline float pow2_of(float n) {  // 2^n for integral n in [-126, 127], built in 
   std::memcpy(&f, &bits, sizeof f);
   return f;
 }
-inline v16f pow2_of(v16f n) { return (v16f)((__builtin_convertvector(n, v16i) + 127) << 23); }
+inline vfloat pow2_of(vfloat n) { return (vfloat)((__builtin_convertvector(n, vint) + 127) << 23); }
 
 // Eigen's rational erf approximation (clamped to [-4, 4]); |error| < 1e-6.
 template <typename V>
@@ -93,17 +95,13 @@ inline V gelu_grad(V z) {  // d gelu / dz = Phi(z) + z * phi(z)
   return 0.5f * (1.f + erf_approx(z * float(kSqrtHalf))) + z * (float(kInvSqrt2Pi) * exp_approx(-0.5f * z * z));
 }
 
-inline v16f load16(const float* p) {
-  v16f v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-inline void store16(float* p, v16f v) { std::memcpy(p, &v, sizeof v); }
+using kload::cpu::load;
+using kload::cpu::store;
 
 // One row of D elements: y = gelu(x + b).
 inline void forward_row(const float* x, const float* b, float* y, int64_t D) {
   int64_t j = 0;
-  for (; j + 16 <= D; j += 16) store16(y + j, gelu(load16(x + j) + load16(b + j)));
+  for (; j + kLanes <= D; j += kLanes) store(y + j, gelu(load(x + j) + load(b + j)));
   for (; j < D; ++j) y[j] = gelu(x[j] + b[j]);
 }
 inline void forward_row(const double* x, const double* b, double* y, int64_t D) {
@@ -116,10 +114,10 @@ inline void forward_row(const double* x, const double* b, double* y, int64_t D) 
 // One row: gx = g * gelu'(x + b); acc += gx (grad_bias, per thread).
 inline void backward_row(const float* g, const float* x, const float* b, float* gx, float* acc, int64_t D) {
   int64_t j = 0;
-  for (; j + 16 <= D; j += 16) {
-    const v16f v = load16(g + j) * gelu_grad(load16(x + j) + load16(b + j));
-    store16(gx + j, v);
-    store16(acc + j, load16(acc + j) + v);
+  for (; j + kLanes <= D; j += kLanes) {
+    const vfloat v = load(g + j) * gelu_grad(load(x + j) + load(b + j));
+    store(gx + j, v);
+    store(acc + j, load(acc + j) + v);
   }
   for (; j < D; ++j) {
     gx[j] = g[j] * gelu_grad(x[j] + b[j]);

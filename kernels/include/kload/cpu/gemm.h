@@ -5,8 +5,10 @@
 // Free of framework includes (the STYLE's kernel/glue split): matmul.cpp and
 // conv2d.cpp call it. BLIS-style loop nest: B is packed into KC x NR panels, A
 // into MR x KC panels, and an MR x NR micro-kernel keeps its accumulators in
-// registers (GCC vector extensions: AVX-512 with -march=native, AVX2 pairs
-// otherwise). Parallelism is the caller's: gemm() runs on the calling thread.
+// registers: MR rows of two target vectors each (kload/cpu/vec.h), 6x32 with
+// AVX-512, 6x16 with AVX2 (BLIS's haswell shape): 12 accumulators, two B vectors
+// and a broadcast fit the register file either way. Parallelism is the caller's:
+// gemm() runs on the calling thread.
 #pragma once
 
 #include <algorithm>
@@ -15,11 +17,12 @@
 #include <type_traits>
 #include <vector>
 
+#include "vec.h"
+
 namespace kload {
 namespace cpu {
 
-constexpr int64_t MR = 6, NR = 32, KC = 256, MC = 96, NC = 2048;
-typedef float v16f __attribute__((vector_size(64), aligned(4)));
+constexpr int64_t MR = 6, NR = 2 * kLanes, KC = 256, MC = 96, NC = 2048;
 
 // B[k0:k0+kc, n0:n0+nc] -> panels of NR columns, zero-padded, k-major.
 inline void pack_b(const float* B, int64_t ldb, int64_t kc, int64_t nc, float* out) {
@@ -51,11 +54,9 @@ inline void pack_a(const float* A, int64_t lda, int64_t mc, int64_t kc, float* o
 // acc[MR x NR] = sum_k a[k, 0:MR] (x) b[k, 0:NR]; then C (+)= acc for the valid h x w part.
 inline void micro_kernel(int64_t kc, const float* a, const float* b, float* C, int64_t ldc, int64_t h,
                          int64_t w, bool accumulate) {
-  v16f acc[MR][2] = {};
+  vfloat acc[MR][2] = {};
   for (int64_t k = 0; k < kc; ++k) {
-    v16f b0, b1;
-    std::memcpy(&b0, b + k * NR, sizeof b0);
-    std::memcpy(&b1, b + k * NR + 16, sizeof b1);
+    const vfloat b0 = load(b + k * NR), b1 = load(b + k * NR + kLanes);
 #pragma GCC unroll 6
     for (int64_t r = 0; r < MR; ++r) {
       const float s = a[k * MR + r];
@@ -63,15 +64,22 @@ inline void micro_kernel(int64_t kc, const float* a, const float* b, float* C, i
       acc[r][1] += s * b1;
     }
   }
+  // Only constant indices into acc (the unrolled loop): one runtime index, as in
+  // `acc[r]` for r < h, makes GCC keep the whole tile in memory and store it
+  // on every k.
+  float tile[MR * NR];
+#pragma GCC unroll 6
+  for (int64_t r = 0; r < MR; ++r) {
+    store(tile + r * NR, acc[r][0]);
+    store(tile + r * NR + kLanes, acc[r][1]);
+  }
   for (int64_t r = 0; r < h; ++r) {
-    float tmp[NR];
-    std::memcpy(tmp, &acc[r][0], sizeof acc[r][0]);
-    std::memcpy(tmp + 16, &acc[r][1], sizeof acc[r][1]);
+    const float* t = tile + r * NR;
     float* c = C + r * ldc;
     if (accumulate)
-      for (int64_t j = 0; j < w; ++j) c[j] += tmp[j];
+      for (int64_t j = 0; j < w; ++j) c[j] += t[j];
     else
-      for (int64_t j = 0; j < w; ++j) c[j] = tmp[j];
+      for (int64_t j = 0; j < w; ++j) c[j] = t[j];
   }
 }
 

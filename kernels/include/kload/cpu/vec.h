@@ -1,0 +1,39 @@
+// kload/cpu/vec.h — the float vector of the build's target, for kernels that
+// write their inner loops with GCC vector extensions.
+//
+// The width follows the instruction set the build targets (the shipped kernels
+// build with -march=native, and kload keys such builds by the host CPU):
+// 16 lanes with AVX-512, 8 with AVX/AVX2, 4 otherwise (SSE2, NEON). A vector
+// wider than the machine's registers is legal but GCC splits and spills it: a
+// 16-lane register tile on an AVX2 machine ran 37x slower than this.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+namespace kload {
+namespace cpu {
+
+#if defined(__AVX512F__)
+constexpr int kLanes = 16;
+#elif defined(__AVX__)
+constexpr int kLanes = 8;
+#else
+constexpr int kLanes = 4;
+#endif
+
+// Register types, naturally aligned: memory goes through load()/store(), which
+// need only float alignment. (An under-aligned vector type, aligned(4), made GCC
+// keep a GEMM's whole accumulator tile in memory.)
+typedef float vfloat __attribute__((vector_size(kLanes * sizeof(float))));
+typedef int32_t vint __attribute__((vector_size(kLanes * sizeof(int32_t))));
+
+inline vfloat load(const float* p) {
+  vfloat v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+inline void store(float* p, vfloat v) { std::memcpy(p, &v, sizeof v); }
+
+}  // namespace cpu
+}  // namespace kload
