@@ -110,6 +110,15 @@ def save_memo(cache_root: Path) -> None:
         pass  # the memo only saves work next time
 
 
+def is_gcc(identity: dict) -> bool:
+    """Whether a compiler_identity() is GCC: its resolved path (c++ -> .../x86_64-linux-gnu-g++-12)
+    or its version line says so, and neither says clang."""
+    name, version = os.path.basename(identity["path"]).lower(), identity["version"].lower()
+    if "clang" in name or "clang" in version:
+        return False
+    return any(w in text for w in ("g++", "gcc") for text in (name, version))
+
+
 def compiler_identity(command: str, cache_root: Path) -> dict:
     """``{"path", "version"}`` of a compiler, from a stat-keyed memo when possible."""
     path = which(command)

@@ -115,6 +115,24 @@ def test_key_covers_toolchain_and_environment(vadd_dir, kload_cache, monkeypatch
     assert plan(opts, store).skey == base.skey
 
 
+def test_gcc_gets_its_parse_flags_before_the_callers(vadd_dir, kload_cache):
+    from kload import toolchain
+    from kload.plan import GCC_PARSE_FLAGS, Options, plan
+
+    assert toolchain.is_gcc({"path": "/usr/bin/x86_64-linux-gnu-g++-12", "version": "c++ (Debian 12.2.0-14) 12.2.0"})
+    assert toolchain.is_gcc({"path": "/usr/bin/x86_64-linux-gnu-g++-11",
+                             "version": "c++ (Ubuntu 11.4.0-1ubuntu1~22.04) 11.4.0"})
+    assert toolchain.is_gcc({"path": "/opt/bin/c++", "version": "g++ (GCC) 13.2.1 20231205"})
+    assert not toolchain.is_gcc({"path": "/usr/lib/llvm-14/bin/clang", "version": "Debian clang version 14.0.6"})
+    assert not toolchain.is_gcc({"path": "/opt/intel/bin/icpx", "version": "Intel(R) oneAPI DPC++/C++ Compiler"})
+
+    opts = Options(name="vadd", paths=[vadd_dir / "vadd.cpp"], cflags=["--param=ggc-min-heapsize=65536"])
+    p = plan(opts, Store(kload_cache))
+    assert toolchain.is_gcc(p.inputs["cxx"])  # this machine's c++
+    assert p.cflags[: len(GCC_PARSE_FLAGS) + 1] == GCC_PARSE_FLAGS + ["--param=ggc-min-heapsize=65536"]
+    assert p.cuda_cflags == []  # nvcc gets none of it
+
+
 def test_cache_location_rules(monkeypatch, tmp_path):
     from kload import knobs
 
