@@ -8,10 +8,11 @@ eviction, quarantine); ``key.py`` the hashing.
 
 A hit record (``<root>/hits/<name>-<crc>.json``) is written after an entry was
 found or built the full way (hashing every source, the toolchain and the header
-closure). It names the entry, the exact fingerprint of the options and
-environment that led there, and a stat stamp (device, inode, size, mtime, ctime)
-of every file whose bytes went into the key: the sources, the headers the
-compiler read, the compiler binary, the linker, and kload's own key-making code.
+closure). It names the entry (with the part of its manifest a hit reads), the
+exact fingerprint of the options and environment that led there, and a stat
+stamp (device, inode, size, mtime, ctime) of every file whose bytes went into
+the key: the sources, the headers the compiler read, the compiler binary, the
+linker, and kload's own key-making code.
 Any write changes a file's ctime, which no ordinary call can set back, so equal
 stamps mean equal bytes. A stamp is recorded only for a file whose ctime is at
 least ``RACY_NS`` old (git's "racily clean" rule: a second write within the same
@@ -130,13 +131,25 @@ class Entry:
             pass
 
 
-def hit_record_path(root: Path, name: str, fingerprint: str) -> Path:
-    return root / HITS / f"{name}-{zlib.crc32(fingerprint.encode()):08x}.json"
+def hit_record_path(root, name: str, fingerprint: str) -> str:
+    return os.path.join(root, HITS, f"{name}-{zlib.crc32(fingerprint.encode()):08x}.json")
 
 
-def fast_lookup(root: Path, name: str, fingerprint: str, cxx: str) -> Entry | None:
+def hit_manifest(manifest: dict) -> dict:
+    """What a hit record keeps of an entry's manifest: all a hit reads (artifact,
+    key, namespaces, headers, publish stamp), not the build inputs."""
+    return {k: v for k, v in manifest.items() if k != "inputs"}
+
+
+def fast_lookup(root: str, name: str, fingerprint: str, cxx: str) -> Entry | None:
     """The entry the hit record for ``fingerprint`` names, if every file it stamped
-    is unchanged and the entry and its artifact pass their checks; else None."""
+    is unchanged and the entry's artifact is the one published; else None.
+
+    Plain strings and one JSON read: this runs once per fresh process, where
+    every pathlib object and every function's first call shows in the load time.
+    The entry's manifest is not read: the record carries what a hit needs of it,
+    and the artifact's stamp (taken at publish, when its SHA-256 was computed)
+    proves the artifact is that build's."""
     rec = read_json(hit_record_path(root, name, fingerprint))
     if rec is None or rec.get("fp") != fingerprint or rec.get("cxx") != cxx:
         return None
@@ -145,20 +158,17 @@ def fast_lookup(root: Path, name: str, fingerprint: str, cxx: str) -> Entry | No
             if stamp_of(os.stat(path)) != stamp:
                 return None
         check_private(root, os.stat(root), "cache directory")
-        dirname = rec["entry"]
-        if "/" in dirname or dirname.startswith("."):
+        dirname, manifest = rec["entry"], rec["manifest"]
+        artifact = manifest["artifact"]
+        if "/" in dirname or dirname.startswith(".") or "/" in artifact or manifest.get("key") != rec["key"]:
             return None
-        entry_path = root / "entries" / dirname
-        manifest = read_json(entry_path / MANIFEST)
-        if manifest is None or manifest.get("schema") != SCHEMA or manifest.get("key") != rec["key"]:
-            return None
+        entry_path = os.path.join(root, "entries", dirname)
         check_private(entry_path, os.stat(entry_path), "cache entry")
-        art = entry_path / manifest["artifact"]
+        art = os.path.join(entry_path, artifact)
         st = os.stat(art)
         check_private(art, st, "cache artifact")
-        # the stamp recorded at publish; anything else goes the full way (re-hash, quarantine)
         if st.st_size != manifest.get("size") or stamp_of(st) != manifest.get("stat"):
             return None
-    except (OSError, KeyError, TypeError, ValueError):
+    except (OSError, KeyError, TypeError, ValueError, AttributeError):
         return None
-    return Entry(entry_path, manifest)
+    return Entry(Path(entry_path), manifest)

@@ -28,7 +28,7 @@ from pathlib import Path
 from kload.errors import KloadError
 
 from . import (HITS, LAST_USED, MANIFEST, RACY_NS, SCHEMA, Entry, check_private, entry_in_use,  # noqa: F401
-               hit_record_path, read_json, stamp_of)
+               hit_manifest, hit_record_path, read_json, stamp_of)
 from .key import file_sha256, sha256_now, stat_stamp, unchanged
 
 log = logging.getLogger("kload")
@@ -175,9 +175,9 @@ class Store:
             stamped.append([path, stamp])
         try:
             self.hits.mkdir(mode=0o700, exist_ok=True)
-            write_json_atomic(hit_record_path(self.root, name, fingerprint),
+            write_json_atomic(Path(hit_record_path(self.root, name, fingerprint)),
                               {"fp": fingerprint, "cxx": cxx, "entry": entry.path.name, "key": entry.key,
-                               "files": stamped})
+                               "files": stamped, "manifest": hit_manifest(entry.manifest)})
         except OSError:  # a read-only or full cache: hits just take the full lookup
             return False
         return True

@@ -38,7 +38,7 @@ if not os.path.isdir(_KERNELS):
 # kload's own code that turns inputs into a key: a hit record is void once it changes
 KEY_CODE = [os.path.join(_HERE, f) for f in ("plan.py", "sources.py", "toolchain.py", "knobs.py")] + [
     os.path.join(os.path.dirname(os.path.abspath(_cache.__file__)), "key.py")]
-_FAST = 1  # the hit record's own format
+_FAST = 2  # the hit record's own format
 
 
 def include_dir() -> Path:
@@ -72,35 +72,37 @@ def default_name(path: Path) -> str:
 
 
 def resolve_paths(sources) -> list[Path]:
-    """Absolute paths of the given sources; a clear error for a missing or odd one."""
+    """Absolute paths of the given sources; a clear error for a missing or odd one.
+    (os.path on strings, Path objects at the end: this runs on every load().)"""
     if isinstance(sources, (str, Path)):
         sources = [sources]
-    paths = []
+    texts: list[str] = []
     for s in sources:
         if not isinstance(s, (str, Path)):
             raise TypeError(f"kload: a source must be a path, got {type(s).__name__}: {s!r}")
         text = os.fspath(s)
         if text.startswith("~"):
             text = os.path.expanduser(text)
-        p = Path(text if os.path.isabs(text) else os.path.join(os.getcwd(), text))
-        if p.suffix.lower() not in CPP_SUFFIXES + CUDA_SUFFIXES:
+        text = os.path.normpath(text if os.path.isabs(text) else os.path.join(os.getcwd(), text))
+        suffix = os.path.splitext(text)[1]
+        if suffix.lower() not in CPP_SUFFIXES + CUDA_SUFFIXES:
             raise _error(
-                f"kload: unsupported source type {p.suffix or '(no suffix)'!r} for {p}; "
+                f"kload: unsupported source type {suffix or '(no suffix)'!r} for {text}; "
                 f"expected one of {', '.join(CPP_SUFFIXES + CUDA_SUFFIXES)} (headers are found through #include)"
             )
         if not os.path.isfile(text):
-            raise FileNotFoundError(f"kload: source file not found: {p}")
-        if p in paths:
-            raise _error(f"kload: source listed twice: {p}")
-        paths.append(p)
-    if not paths:
+            raise FileNotFoundError(f"kload: source file not found: {text}")
+        if text in texts:
+            raise _error(f"kload: source listed twice: {text}")
+        texts.append(text)
+    if not texts:
         raise _error("kload: load() needs at least one source file")
-    stems = [p.stem for p in paths if p.suffix not in CUDA_SUFFIXES]
+    stems = [os.path.splitext(os.path.basename(t))[0] for t in texts if not t.endswith(CUDA_SUFFIXES)]
     dup = {s for s in stems if stems.count(s) > 1}
     if dup:
         # torch names object files after the stem: two a.cpp would overwrite each other's a.o
         raise _error(f"kload: two C++ sources share the file name {sorted(dup)[0]!r}; rename one")
-    return paths
+    return [Path(t) for t in texts]
 
 
 class Options:
@@ -195,7 +197,7 @@ def resolve_entry(opts: Options) -> tuple[Entry, str, float]:
     """``(entry, "cache" | "built", seconds)``: the hit record, else the full lookup,
     else lock and compile."""
     started = time.perf_counter()
-    root = knobs.cache_dir()
+    root = knobs.cache_root()
     fast = fingerprint(opts)
     if fast is not None:
         entry = fast_lookup(root, opts.name, *fast)
@@ -204,7 +206,7 @@ def resolve_entry(opts: Options) -> tuple[Entry, str, float]:
             return entry, "cache", time.perf_counter() - started
     from .plan import resolve_full
 
-    entry, how = resolve_full(opts, root, fast)
+    entry, how = resolve_full(opts, Path(root), fast)
     return entry, how, time.perf_counter() - started
 
 

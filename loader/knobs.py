@@ -20,14 +20,20 @@ def _flag(name: str, default: bool = False) -> bool:
     return value.strip().lower() not in ("0", "false", "no", "off")
 
 
-def cache_dir() -> Path:
-    """``KLOAD_CACHE_DIR``, else ``$XDG_CACHE_HOME/kload``, else ``~/.cache/kload``."""
+def cache_root() -> str:
+    """``KLOAD_CACHE_DIR``, else ``$XDG_CACHE_HOME/kload``, else ``~/.cache/kload``
+    (an absolute path; a string, for the hit path)."""
     explicit = os.environ.get("KLOAD_CACHE_DIR")
     if explicit:
-        return Path(explicit).expanduser().absolute()
+        return os.path.abspath(os.path.expanduser(explicit))
     from platformdirs import user_cache_dir  # the XDG rules, done right
 
-    return Path(user_cache_dir("kload", appauthor=False)).absolute()
+    return os.path.abspath(user_cache_dir("kload", appauthor=False))
+
+
+def cache_dir() -> Path:
+    """:func:`cache_root` as a Path."""
+    return Path(cache_root())
 
 
 def verbose() -> bool | None:
