@@ -3,6 +3,7 @@ views, opcheck, float64 gradcheck, torch.compile, bad inputs, one OpenMP runtime
 from __future__ import annotations
 
 import itertools
+import platform
 
 import pytest
 import torch
@@ -10,6 +11,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import kload
 from kload import kernels
 
 
@@ -110,6 +112,28 @@ def test_bias_gelu_float32_gradients_match_eager():
     z = torch.linspace(-12, 12, 4099)  # both tails, every vector lane and the scalar tail
     zero = torch.zeros(z.shape[-1])
     torch.testing.assert_close(kernels.bias_gelu(z, zero), F.gelu(z), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="builds for the x86-64 baseline ISA")
+def test_every_vector_width_matches_reference():
+    """The shipped kernels build with -march=native, so a suite runs one vector
+    width (kload/cpu/vec.h): 16 lanes on AVX-512, 8 on AVX2. This builds matmul and
+    bias_gelu for baseline x86-64 too (SSE2: 4 lanes, a 6x8 GEMM tile), so the
+    narrower tiles and their tails are tested on any x86 machine."""
+    flags = ["-O3", "-march=x86-64", "-fopenmp"]
+    cpp = {op: [s for s in kernels.sources(op) if s.suffix == ".cpp"] for op in ("matmul", "bias_gelu")}
+    mm = kload.load(*cpp["matmul"], name="matmul_sse2", extra_cflags=flags, extra_ldflags=["-fopenmp"])
+    bg = kload.load(*cpp["bias_gelu"], name="bias_gelu_sse2", extra_cflags=flags, extra_ldflags=["-fopenmp"])
+    for a, b in sample_matmul():
+        torch.testing.assert_close(mm.matmul(a, b), reference_matmul(a, b), rtol=1e-4, atol=1e-4)
+    for x, b in sample_bias_gelu():
+        grad = torch.randn(x.shape)
+        torch.testing.assert_close(bg.bias_gelu(x, b), reference_bias_gelu(x, b), rtol=1e-5, atol=1e-5)
+        gx, gb = bg.bias_gelu_backward(grad, x, b)
+        xr, br = x.clone().requires_grad_(), b.clone().requires_grad_()
+        ex, eb = torch.autograd.grad(reference_bias_gelu(xr, br), (xr, br), grad)
+        torch.testing.assert_close(gx, ex, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(gb, eb, rtol=1e-4, atol=1e-4)
 
 
 def test_empty_tensors():
