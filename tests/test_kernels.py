@@ -100,6 +100,27 @@ def test_bias_gelu_matches_reference(dtype):
         torch.testing.assert_close(kernels.bias_gelu(x, b), reference_bias_gelu(x, b), rtol=1e-5, atol=1e-5)
 
 
+# Huge, infinite and NaN inputs; 3 x 16 of them fill whole vectors of any width,
+# the 15 after that land in the scalar tail of a 16-lane build
+EXTREMES = [float("inf"), -float("inf"), float("nan"), 3e38, -3e38, 1e30, -1e30, 1e6, -1e6, 50.0, -50.0, 6.0,
+            -6.0, 5.6, -5.7, 0.0]
+
+
+def check_bias_gelu_extremes(forward, backward, dtype=torch.float32):
+    """What eager gives, NaN where it gives NaN: no approximation's residue scaled by a huge z."""
+    z = torch.tensor(EXTREMES * 3 + EXTREMES[:15], dtype=dtype)
+    zero, grad = torch.zeros(z.shape[-1], dtype=dtype), torch.ones(z.shape[-1], dtype=dtype)
+    torch.testing.assert_close(forward(z, zero), F.gelu(z), rtol=1e-5, atol=1e-6, equal_nan=True)
+    torch.testing.assert_close(backward(grad, z, zero)[0], torch.ops.aten.gelu_backward(grad, z), rtol=1e-5,
+                               atol=1e-6, equal_nan=True)
+
+
+def test_bias_gelu_extreme_inputs_match_eager():
+    backward = kernels.handle("bias_gelu").bias_gelu_backward
+    check_bias_gelu_extremes(kernels.bias_gelu, backward)
+    check_bias_gelu_extremes(kernels.bias_gelu, backward, torch.float64)
+
+
 def test_bias_gelu_float32_gradients_match_eager():
     # float64 gradcheck exercises the double path; this covers the float32 vector
     # math (normal CDF and density from one polynomial exp), tails included
@@ -134,6 +155,7 @@ def test_every_vector_width_matches_reference():
         ex, eb = torch.autograd.grad(reference_bias_gelu(xr, br), (xr, br), grad)
         torch.testing.assert_close(gx, ex, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(gb, eb, rtol=1e-4, atol=1e-4)
+    check_bias_gelu_extremes(bg.bias_gelu, bg.bias_gelu_backward)
 
 
 def test_empty_tensors():

@@ -76,10 +76,12 @@ inline V erf_approx(V x) {
   return p * recip(q);
 }
 
-// exp(x) for x <= 0 as 2^n * p(r) (Cephes expf polynomial).
+// exp(x) for x <= 0 as 2^n * p(r) (Cephes expf polynomial); exactly 0 below -87,
+// where expf leaves the normal range (a clamped exp(-87) = 1.6e-38 times a huge z
+// would not be negligible).
 template <typename V>
-inline V exp_approx(V x) {
-  x = clamp(x, -87.f, 0.f);
+inline V exp_approx(V x_in) {
+  const V x = clamp(x_in, -87.f, 0.f);
   const V n = round_of(x * 1.44269504088896341f);
   const V r = x - n * 0.693359375f + n * 2.12194440e-4f;
   V p = r * 1.9875691500e-4f + 1.3981999507e-3f;
@@ -88,7 +90,7 @@ inline V exp_approx(V x) {
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   p = p * r * r + r + 1.f;
-  return p * pow2_of(n);
+  return x_in < -87.f ? V{} : p * pow2_of(n);
 }
 
 // The backward's standard normal CDF Phi(z) and density phi(z) from one exp:
@@ -109,9 +111,13 @@ inline V normal_cdf(V z, V e) {
   return z < 0.f ? tail : 1.f - tail;
 }
 
+// z Phi(z). Below the erf's clamp (z < -4 sqrt(2)) Phi is taken as 0: it is < 8e-9
+// there, while 1 + erf(-4) in float leaves a residue of ~6e-8 that z would scale
+// without bound (gelu(-1e30) came out -4e22).
 template <typename V>
-inline V gelu(V z) {  // z Phi(z)
-  return 0.5f * z * (1.f + erf_approx(z * float(kSqrtHalf)));
+inline V gelu(V z) {
+  const V u = z * float(kSqrtHalf);
+  return z * (u < -4.f ? V{} : 0.5f * (1.f + erf_approx(u)));
 }
 template <typename V>
 inline V gelu_grad(V z) {  // d gelu / dz = Phi(z) + z phi(z)
