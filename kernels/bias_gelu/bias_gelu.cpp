@@ -57,7 +57,10 @@ inline float pow2_of(float n) {  // 2^n for integral n in [-126, 127], built in 
 inline vfloat pow2_of(vfloat n) { return (vfloat)((__builtin_convertvector(n, vint) + 127) << 23); }
 
 // Eigen's rational erf approximation (clamped to [-4, 4]); |error| < 1e-6. The
-// forward's one transcendental: cheaper here than an exp plus a division.
+// forward's one transcendental: cheaper here than an exp plus a division. The
+// division is exact: at the clamp it rounds to -1.0f exactly, so Phi is 0 there and
+// a huge negative z gives -0, as eager does (a reciprocal estimate left ~6e-8,
+// and gelu(-1e30) came out -4e22).
 template <typename V>
 inline V erf_approx(V x) {
   x = clamp(x, -4.f, 4.f);
@@ -73,15 +76,17 @@ inline V erf_approx(V x) {
   q = q * x2 + -1.68282697438203e-03f;
   q = q * x2 + -7.37332916720468e-03f;
   q = q * x2 + -1.42647390514189e-02f;
-  return p * recip(q);
+  return p / q;
 }
 
 // exp(x) for x <= 0 as 2^n * p(r) (Cephes expf polynomial); exactly 0 below -87,
 // where expf leaves the normal range (a clamped exp(-87) = 1.6e-38 times a huge z
-// would not be negligible).
+// is not negligible: the gradient at z = 3e38 came out 2.97). One comparison
+// serves the clamp and the flush.
 template <typename V>
 inline V exp_approx(V x_in) {
-  const V x = clamp(x_in, -87.f, 0.f);
+  const auto under = x_in < -87.f;
+  const V x = under ? V{} - 87.f : x_in;
   const V n = round_of(x * 1.44269504088896341f);
   const V r = x - n * 0.693359375f + n * 2.12194440e-4f;
   V p = r * 1.9875691500e-4f + 1.3981999507e-3f;
@@ -90,7 +95,7 @@ inline V exp_approx(V x_in) {
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   p = p * r * r + r + 1.f;
-  return x_in < -87.f ? V{} : p * pow2_of(n);
+  return under ? V{} : p * pow2_of(n);
 }
 
 // The backward's standard normal CDF Phi(z) and density phi(z) from one exp:
@@ -111,13 +116,9 @@ inline V normal_cdf(V z, V e) {
   return z < 0.f ? tail : 1.f - tail;
 }
 
-// z Phi(z). Below the erf's clamp (z < -4 sqrt(2)) Phi is taken as 0: it is < 8e-9
-// there, while 1 + erf(-4) in float leaves a residue of ~6e-8 that z would scale
-// without bound (gelu(-1e30) came out -4e22).
 template <typename V>
-inline V gelu(V z) {
-  const V u = z * float(kSqrtHalf);
-  return z * (u < -4.f ? V{} : 0.5f * (1.f + erf_approx(u)));
+inline V gelu(V z) {  // z Phi(z)
+  return 0.5f * z * (1.f + erf_approx(z * float(kSqrtHalf)));
 }
 template <typename V>
 inline V gelu_grad(V z) {  // d gelu / dz = Phi(z) + z phi(z)
