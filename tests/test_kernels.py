@@ -108,7 +108,8 @@ EXTREMES = [float("inf"), -float("inf"), float("nan"), 3e38, -3e38, 1e30, -1e30,
 
 def check_bias_gelu_extremes(forward, backward, dtype=torch.float32):
     """What eager gives, NaN where it gives NaN: no approximation's residue scaled by a huge z."""
-    z = torch.tensor(EXTREMES * 3 + EXTREMES[:15], dtype=dtype)
+    # 159 elements: the row loops' blocks, single vectors and scalar tail at 4, 8 and 16 lanes
+    z = torch.tensor(EXTREMES * 9 + EXTREMES[:15], dtype=dtype)
     zero, grad = torch.zeros(z.shape[-1], dtype=dtype), torch.ones(z.shape[-1], dtype=dtype)
     torch.testing.assert_close(forward(z, zero), F.gelu(z), rtol=1e-5, atol=1e-6, equal_nan=True)
     torch.testing.assert_close(backward(grad, z, zero)[0], torch.ops.aten.gelu_backward(grad, z), rtol=1e-5,
@@ -123,10 +124,13 @@ def check_bias_gelu_grads(gx, gb, x, b, grad):
     torch.testing.assert_close(gb, eb, rtol=1e-4, atol=1e-4)  # a sum over rows
 
 
+def bias_gelu_backward():
+    return kernels.handle("bias_gelu").bias_gelu_backward
+
+
 def test_bias_gelu_extreme_inputs_match_eager():
-    backward = kernels.handle("bias_gelu").bias_gelu_backward
-    check_bias_gelu_extremes(kernels.bias_gelu, backward)
-    check_bias_gelu_extremes(kernels.bias_gelu, backward, torch.float64)
+    check_bias_gelu_extremes(kernels.bias_gelu, bias_gelu_backward())
+    check_bias_gelu_extremes(kernels.bias_gelu, bias_gelu_backward(), torch.float64)
 
 
 def test_bias_gelu_float32_gradients_match_eager():
@@ -214,6 +218,12 @@ def test_torch_compile_fullgraph_has_no_graph_break():
     (lambda: kernels.conv2d(torch.ones(1, 2, 5, 5), torch.ones(1, 2, 3, 3), torch.ones(2)), "bias must have shape"),
     (lambda: kernels.conv2d(torch.ones(1, 2, 5, 5), torch.ones(1, 2, 3, 3), stride=0), "stride must be >= 1"),
     (lambda: kernels.bias_gelu(torch.ones(2, 3), torch.ones(4)), r"bias must have shape \[3\]"),
+    (lambda: bias_gelu_backward()(torch.ones(2, 4), torch.ones(2, 3), torch.ones(3)),
+     r"grad has shape \[2, 4\], expected \[2, 3\]"),
+    (lambda: bias_gelu_backward()(torch.ones(2, 3, dtype=torch.float64), torch.ones(2, 3), torch.ones(3)),
+     "grad and x must have the same dtype, got Double and Float"),
+    (lambda: bias_gelu_backward()(*(torch.ones(s, device="meta") for s in ((2, 4), (2, 3), (3,)))),
+     "grad has shape"),  # the fake kernel rejects what the real one does
 ])
 def test_bad_inputs_raise_clear_errors(call, message):
     with pytest.raises(RuntimeError, match=message):

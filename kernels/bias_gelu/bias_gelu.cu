@@ -34,6 +34,10 @@ void check(const at::Tensor& x, const at::Tensor& bias) {
   CHECK_CUDA(bias);
   kload_bias_gelu::check_bias_gelu(x, bias);
 }
+void check_backward(const at::Tensor& grad, const at::Tensor& x, const at::Tensor& bias) {
+  CHECK_CUDA(x);
+  kload_bias_gelu::check_bias_gelu_backward(grad, x, bias);
+}
 
 at::Tensor bias_gelu_cuda(const at::Tensor& x_in, const at::Tensor& bias_in) {
   check(x_in, bias_in);
@@ -54,9 +58,7 @@ at::Tensor bias_gelu_cuda(const at::Tensor& x_in, const at::Tensor& bias_in) {
 
 std::tuple<at::Tensor, at::Tensor> bias_gelu_backward_cuda(const at::Tensor& grad_in, const at::Tensor& x_in,
                                                            const at::Tensor& bias_in) {
-  check(x_in, bias_in);
-  TORCH_CHECK(grad_in.sizes() == x_in.sizes(), "bias_gelu_backward: grad has shape ", grad_in.sizes(),
-              ", expected ", x_in.sizes());
+  check_backward(grad_in, x_in, bias_in);
   const c10::cuda::CUDAGuard guard(x_in.device());
   const at::Tensor x = x_in.contiguous(), bias = bias_in.contiguous(), grad = grad_in.contiguous();
   at::Tensor grad_x = at::empty_like(x, at::MemoryFormat::Contiguous);

@@ -16,4 +16,15 @@ inline void check_bias_gelu(const at::Tensor& x, const at::Tensor& bias) {
               x.scalar_type(), " and ", bias.scalar_type());
 }
 
+// The backward's inputs: x and bias as above, and grad matching x in shape, dtype and device.
+inline void check_bias_gelu_backward(const at::Tensor& grad, const at::Tensor& x, const at::Tensor& bias) {
+  check_bias_gelu(x, bias);
+  TORCH_CHECK(grad.sizes() == x.sizes(), "bias_gelu_backward: grad has shape ", grad.sizes(), ", expected ",
+              x.sizes());
+  TORCH_CHECK(grad.device() == x.device(), "bias_gelu_backward: grad and x must be on the same device, got ",
+              grad.device(), " and ", x.device());
+  TORCH_CHECK(grad.scalar_type() == x.scalar_type(), "bias_gelu_backward: grad and x must have the same dtype, got ",
+              grad.scalar_type(), " and ", x.scalar_type());
+}
+
 }  // namespace kload_bias_gelu

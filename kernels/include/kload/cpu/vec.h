@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cmath>
 #include <cstring>
 
 #if defined(__AVX__)
@@ -53,6 +54,47 @@ inline vfloat recip(vfloat x) {
   return r * (2.f - x * r);
 #else
   return 1.f / x;
+#endif
+}
+
+// max(a, b) as x86's max instruction defines it: a > b ? a : b, so b when either
+// is NaN (max_of(lo, x) clamps x from below and keeps a NaN x). One instruction where
+// the ternary on vectors compiles to a compare and a blend.
+inline float max_of(float a, float b) { return a > b ? a : b; }
+inline vfloat max_of(vfloat a, vfloat b) {
+#if defined(__AVX512F__)
+  return (vfloat)_mm512_max_ps((__m512)a, (__m512)b);
+#elif defined(__AVX__)
+  return (vfloat)_mm256_max_ps((__m256)a, (__m256)b);
+#else
+  return a > b ? a : b;
+#endif
+}
+
+// min(a, b) likewise: a < b ? a : b, b when either is NaN.
+inline float min_of(float a, float b) { return a < b ? a : b; }
+inline vfloat min_of(vfloat a, vfloat b) {
+#if defined(__AVX512F__)
+  return (vfloat)_mm512_min_ps((__m512)a, (__m512)b);
+#elif defined(__AVX__)
+  return (vfloat)_mm256_min_ps((__m256)a, (__m256)b);
+#else
+  return a < b ? a : b;
+#endif
+}
+
+// |x|: the sign bit cleared.
+inline float abs_of(float x) { return std::fabs(x); }
+inline vfloat abs_of(vfloat x) { return (vfloat)((vint)x & 0x7fffffff); }
+
+// Per lane, `negative` where s's sign bit is set (-0 and negative NaNs included),
+// else `other`. AVX's blend reads the sign bit itself: no comparison.
+inline float select_by_sign(float s, float negative, float other) { return std::signbit(s) ? negative : other; }
+inline vfloat select_by_sign(vfloat s, vfloat negative, vfloat other) {
+#if defined(__AVX__) && !defined(__AVX512F__)
+  return (vfloat)_mm256_blendv_ps((__m256)other, (__m256)negative, (__m256)s);
+#else
+  return (vint)s < 0 ? negative : other;
 #endif
 }
 
