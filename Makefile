@@ -27,5 +27,8 @@ test: $(VENV)/.installed
 	  echo "note: ccache is not installed; its test will be skipped"
 	$(PY) -m pytest -q tests
 
+# both benchmarks; the kernels' chart needs the bench extra (matplotlib)
 bench: $(VENV)/.installed
+	$(PY) -m pip install -q -e ".[bench]"
 	$(PY) benchmarks/loader.py
+	$(PY) benchmarks/kernels.py
