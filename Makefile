@@ -29,6 +29,6 @@ test: $(VENV)/.installed
 
 # both benchmarks; the kernels' chart needs the bench extra (matplotlib)
 bench: $(VENV)/.installed
-	$(PY) -m pip install -q -e ".[bench]"
+	$(PY) -c "import matplotlib" 2>/dev/null || $(PY) -m pip install -q -e ".[bench]"
 	$(PY) benchmarks/loader.py
 	$(PY) benchmarks/kernels.py

@@ -43,6 +43,7 @@ using kload::cpu::select_by_sign;
 using kload::cpu::store;
 using kload::cpu::vfloat;
 using kload::cpu::vint;
+using kload::cpu::vuint;
 
 // Speed here is instructions and dependency chains. Each element is one long chain
 // of dependent instructions and a core's out-of-order window holds only a few, so
@@ -50,7 +51,7 @@ using kload::cpu::vint;
 // scheduler, off by default on x86, is switched on for this math to interleave
 // them (GCC otherwise emits each inlined chain whole, one after another). Once the
 // chains overlap, the instruction count is what is left: clamps are single max/min
-// instructions, Phi's branch is a blend on z's sign bit, constants are folded, and
+// instructions, Phi's branch is a select on z's sign bit, constants are folded, and
 // polynomials are in Horner's form, the fewest instructions. On a Zen 2 core (AVX2)
 // this took the backward from 3.7 to 2.1 cycles per element, the forward from 1.6
 // to 1.1.
@@ -71,7 +72,6 @@ constexpr int32_t kRoundBits = 0x4B400000;
 // bits: exactly 0 for n <= -127, where a biased exponent <= 0 becomes +0's bits.
 // (A NaN s gives some power of two, and NaN times it stays NaN.) The shift is
 // unsigned: a NaN's biased "exponent" may not fit.
-typedef uint32_t vuint __attribute__((vector_size(sizeof(vint))));
 inline float pow2_of_rounded(float s) {
   int32_t bits;
   std::memcpy(&bits, &s, sizeof bits);

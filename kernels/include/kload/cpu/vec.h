@@ -33,6 +33,7 @@ constexpr int kLanes = 4;
 // keep a GEMM's whole accumulator tile in memory.)
 typedef float vfloat __attribute__((vector_size(kLanes * sizeof(float))));
 typedef int32_t vint __attribute__((vector_size(kLanes * sizeof(int32_t))));
+typedef uint32_t vuint __attribute__((vector_size(kLanes * sizeof(uint32_t))));  // for shifts that may overflow
 
 inline vfloat load(const float* p) {
   vfloat v;
