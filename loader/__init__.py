@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import logging
 
-# A cache hit imports these and kload.cache only; the rest loads when first needed.
+# A cache hit imports these, what they import (options, fingerprint, resolve, library)
+# and kload.cache; the rest loads when first needed.
 from . import knobs
-from .handle import HISTORY, Handle, load
+from .api import load, load_inline
+from .errors import CompileError, KloadError
+from .handle import HISTORY, Handle
 
 __all__ = ["load", "load_inline", "Handle", "CompileError", "KloadError", "HISTORY", "kernels"]
 __version__ = "0.1.0"
@@ -27,15 +30,7 @@ def load_ipython_extension(ipython):
 
 
 def __getattr__(name):
-    # `kload.kernels` (the shipped kernels), load_inline and the exceptions are imported on first use
-    if name == "load_inline":
-        from .api import load_inline
-
-        return load_inline
-    if name in ("CompileError", "KloadError"):
-        from . import errors
-
-        return getattr(errors, name)
+    # `kload.kernels` (the shipped kernels) is imported on first use
     if name == "kernels":
         import importlib
 

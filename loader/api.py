@@ -1,15 +1,33 @@
-"""The public entry points: ``load`` (files; in handle.py, the hit path) and
-``load_inline`` (strings)."""
+"""Step 8 of a load, the front door: ``kload.load`` (files) and
+``kload.load_inline`` (strings, written once into the cache). ``load`` is on the
+hit path of a fresh process: it validates (options.py) and returns a Handle;
+nothing is hashed or compiled until the first op is used.
+"""
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
-from kload.cache.store import write_atomic
-
 from . import knobs
-from .errors import KloadError
-from .handle import Handle, check_name, load  # noqa: F401 (load is re-exported)
+from .handle import Handle
+from .options import check_name, make_options, resolve_paths
+
+
+def load(*sources, name=None, extra_cflags=(), extra_cuda_cflags=(), extra_ldflags=(),
+         extra_include_paths=(), verbose=False, debug=None, reload=None) -> "Handle":
+    """A handle to the ops in ``sources`` (.cpp/.cu); nothing compiles until first use.
+
+    ``debug=True`` builds with ``-g -O0`` (CUDA: ``-G``) into an entry of its own
+    (default: ``KLOAD_DEBUG``). ``reload=True`` watches the sources and the headers
+    they include, and the next access after a save runs the new code (default:
+    ``KLOAD_RELOAD``, else on in IPython/Jupyter and interactive sessions).
+    Missing files, unsupported suffixes and malformed options raise here, at once.
+    """
+    if len(sources) == 1 and isinstance(sources[0], (list, tuple)):
+        sources = tuple(sources[0])
+    paths = resolve_paths(list(sources))
+    opts = make_options(name, paths, extra_cflags, extra_cuda_cflags, extra_ldflags,
+                        extra_include_paths, verbose, debug, reload)
+    return Handle(opts)
 
 
 def _as_text(value, what: str) -> str:
@@ -32,6 +50,8 @@ def default_header(text: str) -> str:
 
 def inline_folder(name: str, files: dict[str, str]) -> Path:
     """The cache's folder for these source strings (named by their content)."""
+    import hashlib
+
     h = hashlib.sha256()
     for fname, text in sorted(files.items()):
         h.update(fname.encode() + b"\0" + text.encode() + b"\0")
@@ -43,6 +63,8 @@ def inline_folder(name: str, files: dict[str, str]) -> Path:
 def write_files(folder: Path, files: dict[str, str]) -> dict[str, Path]:
     """Write each file unless it holds that text already (atomically: a reader never
     sees half a file)."""
+    from kload.cache.store import write_atomic
+
     out = {}
     for fname, text in files.items():
         path = folder / fname
@@ -58,6 +80,8 @@ def load_inline(name, cpp_sources, cuda_sources=None, **options) -> Handle:
     cpp = _as_text(cpp_sources, "cpp_sources")
     cuda = _as_text(cuda_sources, "cuda_sources")
     if not cpp.strip() and not cuda.strip():
+        from .errors import KloadError
+
         raise KloadError("kload: load_inline() needs cpp_sources or cuda_sources")
     files = {}
     if cpp.strip():

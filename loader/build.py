@@ -24,7 +24,8 @@ from kload.cache.store import Entry, Store, read_json, writable_error, write_ato
 
 from . import knobs, toolchain
 from .errors import CompileError, KloadError, parse_diagnostics
-from .plan import Plan, include_dir
+from .options import include_dir
+from .plan import Plan
 from .progress import BuildProgress
 
 log = logging.getLogger("kload")

@@ -25,7 +25,7 @@ from . import knobs
 from .api import default_header, inline_folder, load, write_files
 from .errors import CompileError, KloadError, diagnostic_lines
 from .handle import HISTORY
-from .plan import check_name
+from .options import check_name
 
 MAX_LINES = 40
 

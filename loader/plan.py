@@ -1,21 +1,20 @@
-"""Everything known before compiling: the sources' style, the flags, the key inputs;
-and the full lookup that a missing or outdated hit record falls back to.
+"""Step 3 of a load: everything known before compiling: the sources' style, the
+flags, the key inputs, and the source key they hash to (kload/cache/key.py).
 
-It runs no subprocess on a hit (compiler versions come from the cache's memo).
+It runs no subprocess when the key is in the cache (compiler versions come from
+the cache's memo); resolve.py runs it when the hit record does not match.
 """
 from __future__ import annotations
 
 import logging
 from pathlib import Path
 
-from kload.cache import Entry
 from kload.cache.key import source_key
 from kload.cache.store import Store
 
 from . import knobs, toolchain
 from .errors import KloadError
-from .handle import (KEY_CODE, Options, check_name, default_name, include_dir,  # noqa: F401 (re-exported)
-                     make_options)
+from .options import Options, include_dir
 from .sources import SourceSet, scan
 
 log = logging.getLogger("kload")
@@ -106,57 +105,3 @@ def plan(opts: Options, store: Store) -> Plan:
         inputs["cuda_arch"] = toolchain.cuda_arch_list()
     return Plan(opts, sset, [s.path for s in built], with_cuda, reason, cflags, cuda_cflags, ldflags,
                 inputs, source_key(inputs))
-
-
-def resolve_full(opts: Options, root: Path, fast: tuple[str, str] | None) -> tuple[Entry, str]:
-    """``(entry, "cache" | "built")`` the full way: hash the inputs, look the key up,
-    else lock and compile. Then write the hit record for ``fast`` (the fingerprint
-    and compiler path from handle.fingerprint), so the next process need not."""
-    store = Store(root)
-    p = plan(opts, store)
-    entry = store.lookup(p.skey)
-    how = "cache"
-    if entry is not None:
-        entry.touch()
-    else:
-        if knobs.disable_jit():
-            from .explain import explain_plan
-
-            reasons = explain_plan(p, store).reasons
-            raise KloadError(
-                f"kload: KLOAD_DISABLE_JIT=1 and the cache at {store.root} has no build of {opts.name!r} for "
-                "these inputs, so nothing is compiled" + "".join(f"\n  {r}" for r in reasons)
-                + "\nPrebuild it into the cache with `python -m kload build SOURCES...` (same flags), or unset "
-                "KLOAD_DISABLE_JIT."
-            )
-        from .build import compile_plan  # the compile machinery loads on a miss only
-        from .runtime import check_fixed_namespaces
-
-        # a fixed TORCH_LIBRARY namespace can be registered once per process: refuse
-        # before compiling, since torch loads what it builds
-        check_fixed_namespaces(opts.name, p.sources.fixed_namespaces, None)
-        entry, seconds = compile_plan(p, store)
-        if seconds > 0:
-            how = "built"
-            try:
-                limit = knobs.cache_max_size()
-            except ValueError as e:  # a bad KLOAD_CACHE_MAX_SIZE must not fail a build that succeeded
-                log.warning("%s; KLOAD_CACHE_MAX_SIZE is ignored", e)
-                limit = None
-            if limit is not None:
-                for gone in store.evict_to(limit, keep={entry.path.name}):
-                    log.info("kload: evicted %s (least recently used; KLOAD_CACHE_MAX_SIZE)", gone.path.name)
-    if fast is not None:
-        fingerprint, cxx = fast
-        files: dict[str, str | None] = {str(s.path): s.sha256 for s in p.sources.sources}
-        files.update(entry.manifest.get("headers") or {})
-        files[cxx] = None  # the compiler binary: its version is remembered by this stamp too
-        for code in KEY_CODE:
-            files[code] = None
-        if "-fuse-ld=gold" in p.ldflags:
-            gold = toolchain.which("ld.gold")
-            if gold is None:
-                return entry, how
-            files[gold] = None
-        store.write_hit_record(opts.name, fingerprint, cxx, entry, files)
-    return entry, how

@@ -1,4 +1,4 @@
-"""What a set of sources is: its files, its binding style, the macros it relies on.
+"""Step 2 of a load (the full way): what a set of sources is: its files, its binding style, the macros it relies on.
 
 One read per file: the same bytes are hashed for the cache key and scanned here.
 """
@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from .errors import KloadError
-from .handle import CPP_SUFFIXES, CUDA_SUFFIXES, resolve_paths  # noqa: F401 (re-exported)
+from .options import CUDA_SUFFIXES
 
 # Patterns as strings: `re` compiles each once, on first use, and only where a
 # cheap substring test says the construct may be there (this is the hit path).

@@ -1,4 +1,5 @@
-"""Identity of everything outside the sources that shapes a binary.
+"""Step 2 of a load (the full way): the identity of everything outside the
+sources that shapes a binary.
 
 Cheap on purpose: a cache hit must run no subprocess, so a compiler's version is
 remembered in the cache directory, keyed by the compiler file's path, size and mtime.

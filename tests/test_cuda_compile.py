@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch.utils.cpp_extension import include_paths
 
-from kload.plan import include_dir
+from kload.options import include_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 CUDA_SOURCES = sorted((ROOT / "kernels").glob("*/*.cu"))

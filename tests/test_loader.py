@@ -101,7 +101,8 @@ def test_flag_change_is_a_different_entry(vadd_dir):
 
 
 def test_key_covers_toolchain_and_environment(vadd_dir, kload_cache, monkeypatch):
-    from kload.plan import Options, plan
+    from kload.options import Options
+    from kload.plan import plan
 
     store = Store(kload_cache)
     opts = Options(name="vadd", paths=[vadd_dir / "vadd.cpp"])
@@ -117,7 +118,8 @@ def test_key_covers_toolchain_and_environment(vadd_dir, kload_cache, monkeypatch
 
 def test_gcc_gets_its_parse_flags_before_the_callers(vadd_dir, kload_cache):
     from kload import toolchain
-    from kload.plan import GCC_PARSE_FLAGS, Options, plan
+    from kload.options import Options
+    from kload.plan import GCC_PARSE_FLAGS, plan
 
     assert toolchain.is_gcc({"path": "/usr/bin/x86_64-linux-gnu-g++-12", "version": "c++ (Debian 12.2.0-14) 12.2.0"})
     assert toolchain.is_gcc({"path": "/usr/bin/x86_64-linux-gnu-g++-11",
@@ -355,7 +357,7 @@ def test_kernel_header_stays_lean(tmp_path):
     """<kload/kernel.h> must not pull in torch/extension.h or pybind11 (the 20-second include)."""
     from torch.utils.cpp_extension import include_paths
 
-    from kload.plan import include_dir
+    from kload.options import include_dir
 
     probe = write(tmp_path / "probe.cpp", "#include <kload/kernel.h>\n")
     flags = ["-std=c++20", "-M", f"-I{include_dir()}"] + [f"-I{p}" for p in include_paths()]
@@ -414,7 +416,8 @@ def test_hit_record_serves_fresh_processes_and_any_edit_voids_it(vadd_dir, kload
     assert len(records) == 1
     third = run_py(probe)
     assert third["out"] == [2.0] and not third["full"], "the record serves a fresh process"
-    assert third["modules"] == ["kload", "kload.cache", "kload.handle", "kload.knobs"]
+    assert third["modules"] == ["kload", "kload.api", "kload.cache", "kload.errors", "kload.fingerprint",
+                                "kload.handle", "kload.knobs", "kload.library", "kload.options", "kload.resolve"]
 
     header = vadd_dir / "scale.h"
     st = header.stat()

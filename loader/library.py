@@ -1,0 +1,170 @@
+"""Step 5 of a load: bring a published artifact into this process.
+
+Op libraries and plain ``TORCH_LIBRARY`` code load with ``torch.ops.load_library``;
+pybind11 modules through an ``ExtensionFileLoader`` on the entry's own path. Also
+here: listing a namespace's ops, the once-per-process rule of fixed
+``TORCH_LIBRARY`` namespaces, and stand-in CUDA kernels for a library built
+without its CUDA sources. On the hit path: torch is imported only when a
+library is actually loaded.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+
+from kload.cache import Entry
+
+from .errors import KloadError
+
+log = logging.getLogger("kload")
+
+_fixed_owner: dict[str, str] = {}          # TORCH_LIBRARY namespace -> key of the build that owns it
+
+
+def ops_in_namespace(ns: str) -> set[str]:
+    import torch
+
+    prefix = ns + "::"
+    try:
+        all_names = torch._C._dispatch_get_all_op_names()
+    except AttributeError:  # older torch
+        all_names = [s.name for s in torch._C._jit_get_all_schemas()]
+    return {n[len(prefix):].split(".", 1)[0] for n in all_names if n.startswith(prefix)}
+
+
+def check_fixed_namespaces(name: str, namespaces: list[str], key: str | None) -> None:
+    """Refuse to load a TORCH_LIBRARY namespace that this process already has.
+
+    PyTorch aborts the whole process when a second library registers a
+    namespace; this turns that into an exception before anything is loaded.
+    """
+    for ns in namespaces:
+        owner = _fixed_owner.get(ns)
+        if owner is not None and owner == key:
+            continue
+        if owner is not None or ops_in_namespace(ns):
+            raise KloadError(
+                f"kload: {name!r} registers TORCH_LIBRARY({ns}, ...), and this process already has "
+                f"operators in namespace {ns!r}"
+                + (" from an earlier build of it" if owner else "")
+                + ". PyTorch registers a namespace once per process, so this build cannot be loaded "
+                "here: restart the process (the new build is then a cache hit), or register with "
+                "KLOAD_LIBRARY(m) so that kload gives every build its own namespace."
+            )
+
+
+def claim_fixed_namespaces(namespaces: list[str], key: str) -> None:
+    for ns in namespaces:
+        _fixed_owner[ns] = key
+
+
+def register_cuda_stubs(loaded: Loaded, name: str, reason: str):
+    """Give each op without a CUDA kernel one that says why it has none."""
+    import torch
+
+    libs = []
+    for ns in loaded.namespaces:
+        lib = None
+        for op in sorted(ops_in_namespace(ns)):
+            qual = f"{ns}::{op}"
+            if any(torch._C._dispatch_has_kernel_for_dispatch_key(qual, k)
+                   for k in ("CUDA", "CompositeImplicitAutograd", "CompositeExplicitAutograd")):
+                continue
+            if lib is None:
+                lib = torch.library.Library(ns, "IMPL")
+                libs.append(lib)
+
+            def _no_cuda(*args, _op=op, **kwargs):
+                raise KloadError(
+                    f"kload: {name}.{_op} was called with CUDA tensors, but {name!r} was built without "
+                    f"its CUDA sources: {reason}"
+                )
+
+            lib.impl(op, _no_cuda, "CUDA")
+    return libs
+
+
+_load_lock = threading.RLock()
+_loaded: dict[str, "Loaded"] = {}          # artifact path -> what it registered
+
+
+class Loaded:
+    """What one artifact brought into this process."""
+
+    __slots__ = ("entry", "module", "namespaces", "_keepalive")
+
+    def __init__(self, entry: Entry, module, namespaces: list[str]):
+        self.entry, self.module, self.namespaces = entry, module, namespaces
+        self._keepalive: list = []  # torch.library.Library objects that must outlive the handle
+
+    def op_names(self) -> list[str]:
+        names: set[str] = set()
+        for ns in self.namespaces:
+            names.update(ops_in_namespace(ns))
+        return sorted(names)
+
+    def names(self) -> list[str]:
+        names = set(self.op_names())
+        if self.module is not None:
+            names.update(n for n in vars(self.module) if not n.startswith("_"))
+        return sorted(names)
+
+    def resolve(self, attr: str):
+        if self.module is not None and not attr.startswith("_") and hasattr(self.module, attr):
+            return getattr(self.module, attr)
+        import torch
+
+        for ns in self.namespaces:
+            try:  # one schema lookup, not a listing of every op in the process
+                return getattr(getattr(torch.ops, ns), attr)
+            except (AttributeError, RuntimeError):
+                continue
+        return None
+
+
+def load_entry(entry: Entry, *, just_built: bool = False) -> Loaded:
+    """Load an entry's artifact into this process (once per artifact).
+
+    Op libraries and TORCH_LIBRARY code load with ``torch.ops.load_library``;
+    pybind11 modules through an ``ExtensionFileLoader`` on the entry's own path
+    (never put in ``sys.modules``), so a newer build of the same module name
+    loads beside the old."""
+    path = str(entry.artifact)
+    with _load_lock:
+        done = _loaded.get(path)
+        if done is not None:
+            return done
+        m = entry.manifest
+        fixed = list(m.get("fixed_namespaces") or [])
+        if fixed:
+            if not just_built:
+                check_fixed_namespaces(m["name"], fixed, entry.key)
+        import torch
+
+        module = None
+        try:
+            if m.get("python_module"):
+                from importlib.machinery import ExtensionFileLoader
+                from importlib.util import module_from_spec, spec_from_file_location
+
+                # A dotted name unique to this build: Python still calls PyInit_<name>
+                # (the last component), and pybind11, which caches modules by their
+                # full name, initializes each build's module on its own.
+                qual = f"_kload_{entry.key[:16]}.{m['name']}"
+                spec = spec_from_file_location(qual, path, loader=ExtensionFileLoader(qual, path))
+                module = module_from_spec(spec)
+                spec.loader.exec_module(module)
+            else:
+                torch.ops.load_library(path)
+        except (OSError, ImportError) as e:
+            cause = e.__cause__ or e
+            hint = f" (its CUDA sources were not built: {m['cuda_skipped']})" if m.get("cuda_skipped") else ""
+            raise KloadError(f"kload: cannot load {path}: {cause}{hint}") from None
+        if fixed:
+            claim_fixed_namespaces(fixed, entry.key)
+        namespaces = ([m["namespace"]] if m.get("namespace") else []) + fixed
+        loaded = Loaded(entry, module, namespaces)
+        if m.get("cuda_skipped"):
+            loaded._keepalive.append(register_cuda_stubs(loaded, m["name"], m["cuda_skipped"]))
+        _loaded[path] = loaded
+        return loaded

@@ -1,0 +1,131 @@
+"""Step 1 of a load: what the caller passed, validated.
+
+``kload.load`` turns its arguments into an :class:`Options` here: absolute paths
+of existing sources with a known suffix, a C-identifier name, flag lists. Bad
+input raises at once, before anything is hashed or compiled. This is on the
+hit path of a fresh process, so it uses ``os.path`` on strings and imports
+nothing heavy.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from . import knobs
+
+CPP_SUFFIXES = (".cpp", ".cc", ".cxx", ".c++", ".c")
+CUDA_SUFFIXES = (".cu",)
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+# kload/kernels in an installed package; kernels/ beside loader/ in a checkout
+_KERNELS = os.path.join(_HERE, "kernels")
+if not os.path.isdir(_KERNELS):
+    _KERNELS = os.path.join(os.path.dirname(_HERE), "kernels")
+
+
+def include_dir() -> Path:
+    """Where <kload/kernel.h> lives."""
+    return Path(_KERNELS, "include")
+
+
+def _error(text: str):
+    from .errors import KloadError  # only when there is something to refuse
+
+    return KloadError(text)
+
+
+def _is_c_identifier(name: str) -> bool:
+    return name.isidentifier() and name.isascii()  # no regex on the hit path
+
+
+def check_name(name: str) -> str:
+    if not isinstance(name, str) or not _is_c_identifier(name):
+        raise ValueError(
+            f"kload: name must be a C identifier (letters, digits, underscores; not starting with a digit), got {name!r}"
+        )
+    return name
+
+
+def default_name(path: Path) -> str:
+    stem = "".join(c if c.isascii() and (c.isalnum() or c == "_") else "_" for c in path.stem)
+    return stem if _is_c_identifier(stem) else f"_{stem}"
+
+
+def resolve_paths(sources) -> list[Path]:
+    """Absolute paths of the given sources; a clear error for a missing or odd one.
+    (os.path on strings, Path objects at the end: this runs on every load().)"""
+    if isinstance(sources, (str, Path)):
+        sources = [sources]
+    texts: list[str] = []
+    for s in sources:
+        if not isinstance(s, (str, Path)):
+            raise TypeError(f"kload: a source must be a path, got {type(s).__name__}: {s!r}")
+        text = os.fspath(s)
+        if text.startswith("~"):
+            text = os.path.expanduser(text)
+        text = os.path.normpath(text if os.path.isabs(text) else os.path.join(os.getcwd(), text))
+        suffix = os.path.splitext(text)[1]
+        if suffix.lower() not in CPP_SUFFIXES + CUDA_SUFFIXES:
+            raise _error(
+                f"kload: unsupported source type {suffix or '(no suffix)'!r} for {text}; "
+                f"expected one of {', '.join(CPP_SUFFIXES + CUDA_SUFFIXES)} (headers are found through #include)"
+            )
+        if not os.path.isfile(text):
+            raise FileNotFoundError(f"kload: source file not found: {text}")
+        if text in texts:
+            raise _error(f"kload: source listed twice: {text}")
+        texts.append(text)
+    if not texts:
+        raise _error("kload: load() needs at least one source file")
+    stems = [os.path.splitext(os.path.basename(t))[0] for t in texts if not t.endswith(CUDA_SUFFIXES)]
+    dup = {s for s in stems if stems.count(s) > 1}
+    if dup:
+        # torch names object files after the stem: two a.cpp would overwrite each other's a.o
+        raise _error(f"kload: two C++ sources share the file name {sorted(dup)[0]!r}; rename one")
+    return [Path(t) for t in texts]
+
+
+class Options:
+    """What the caller asked for, validated."""
+
+    __slots__ = ("name", "paths", "cflags", "cuda_cflags", "ldflags", "include_paths", "verbose", "debug",
+                 "reload")
+
+    def __init__(self, name, paths, cflags=(), cuda_cflags=(), ldflags=(), include_paths=(), verbose=False,
+                 debug=False, reload=False):
+        self.name, self.paths = name, list(paths)
+        self.cflags, self.cuda_cflags, self.ldflags = list(cflags), list(cuda_cflags), list(ldflags)
+        self.include_paths, self.verbose, self.debug = list(include_paths), verbose, debug
+        self.reload = reload  # watch the files and rebuild on save (not part of the key)
+
+
+def _flag_list(value, what: str, kinds=(str,)) -> list:
+    if value is None:
+        return []
+    if isinstance(value, (str, os.PathLike)):
+        raise TypeError(f"kload: {what} must be a list of strings, got {value!r} (wrap it in a list)")
+    out = list(value)
+    for v in out:
+        if not isinstance(v, kinds):
+            raise TypeError(f"kload: {what} must contain strings, got {type(v).__name__}: {v!r}")
+    return out
+
+
+def make_options(name, paths, extra_cflags, extra_cuda_cflags, extra_ldflags, extra_include_paths,
+                 verbose, debug, reload=None) -> Options:
+    incs = [os.path.abspath(os.path.expanduser(os.fspath(p)))
+            for p in _flag_list(extra_include_paths, "extra_include_paths", (str, os.PathLike))]
+    for inc in incs:
+        if not os.path.isdir(inc):
+            raise FileNotFoundError(f"kload: include directory not found: {inc}")
+    return Options(
+        name=check_name(name if name is not None else default_name(paths[0])),
+        paths=paths,
+        cflags=_flag_list(extra_cflags, "extra_cflags"),
+        cuda_cflags=_flag_list(extra_cuda_cflags, "extra_cuda_cflags"),
+        ldflags=_flag_list(extra_ldflags, "extra_ldflags"),
+        include_paths=incs,
+        verbose=bool(verbose),
+        debug=knobs.debug() if debug is None else bool(debug),
+        reload=knobs.reload() if reload is None else bool(reload),
+    )

@@ -1,0 +1,125 @@
+"""The package's structure: loader/ and cache/ form no import circle, late
+(function-level) imports included, and each loader module imports only from the
+steps of a load before it (docs/design.md draws the order)."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = {"kload": ROOT / "loader", "kload.cache": ROOT / "cache"}
+
+# The order a load walks (docs/design.md). A module may import only from modules
+# listed before it: the basics (errors, the cache's modules, knobs) from any step.
+ORDER = [
+    "kload.errors",                                                # basics
+    "kload.cache", "kload.cache.key", "kload.cache.store", "kload.cache.lock",
+    "kload.knobs",
+    "kload.options",                                               # 1 what the user passed
+    "kload.fingerprint", "kload.toolchain", "kload.sources",       # 2 fingerprint and key inputs
+    "kload.plan", "kload.explain",                                 # 3 plan, source key
+    "kload.progress", "kload.build",                               # 4 build
+    "kload.library",                                               # 5 load a library into the process
+    "kload.resolve",                                               # 6 hit record / full lookup / build
+    "kload.watch", "kload.handle",                                 # 7 the user's Handle
+    "kload.api", "kload.magic", "kload.__main__", "kload",         # 8 front doors
+]
+
+
+def modules() -> dict[str, Path]:
+    found = {}
+    for pkg, folder in PACKAGES.items():
+        for path in sorted(folder.glob("*.py")):
+            found[pkg if path.stem == "__init__" else f"{pkg}.{path.stem}"] = path
+    return found
+
+
+def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
+    """Every module of the package that ``name`` imports, at any depth of the file
+    (a late import inside a function counts the same as one at the top)."""
+    is_pkg = path.stem == "__init__"
+    package = name if is_pkg else name.rpartition(".")[0]
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                parts = parts[: len(parts) - (node.level - 1)]
+                base = ".".join(parts + ([node.module] if node.module else []))
+            # `from pkg import mod` imports the module pkg.mod; `from mod import f`, mod
+            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names]
+        else:
+            continue
+        for t in targets:
+            while t and t not in known:  # `import kload.cache.store as s` -> kload.cache.store
+                t = t.rpartition(".")[0]
+            if t and t != name:
+                out.add(t)
+    return out
+
+
+def graph() -> dict[str, set[str]]:
+    mods = modules()
+    known = set(mods)
+    # a package's own __init__ runs before any of its modules: that parent import is
+    # implicit in Python and not an edge; `kload` re-exporting its front doors is one
+    return {m: imports_of(m, p, known) for m, p in mods.items()}
+
+
+def circles(g: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index, low, stack, on, out = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in g.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(g):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_circles():
+    assert circles(graph()) == []
+
+
+def test_the_checker_sees_a_late_import_circle():
+    g = graph()
+    g["kload.options"] = g["kload.options"] | {"kload.handle"}  # a late import back up the order
+    assert any("kload.options" in c and "kload.handle" in c for c in circles(g))
+
+
+def test_every_module_is_placed_and_imports_only_earlier_steps():
+    g = graph()
+    assert sorted(g) == sorted(ORDER), "a new module needs its place in ORDER and in docs/design.md"
+    rank = {m: i for i, m in enumerate(ORDER)}
+    late = [f"{m} imports {d}" for m, deps in g.items() for d in deps if rank[d] >= rank[m]]
+    assert late == []
+
+
+def test_no_module_grows_past_350_lines_without_saying_why():
+    """A long module says at its top why it is one file ("Why this file is long: ...")."""
+    long = [f"{name}: {path.read_text().count(chr(10))} lines" for name, path in modules().items()
+            if path.read_text().count("\n") > 350 and "Why this file is long:" not in path.read_text()[:3000]]
+    assert long == []
