@@ -27,8 +27,9 @@ test: $(VENV)/.installed
 	  echo "note: ccache is not installed; its test will be skipped"
 	$(PY) -m pytest -q tests
 
-# both benchmarks; the kernels' chart needs the bench extra (matplotlib)
+# the benchmarks; the bench extra brings matplotlib (the kernels' chart) and the peers live.py runs
 bench: $(VENV)/.installed
-	$(PY) -c "import matplotlib" 2>/dev/null || $(PY) -m pip install -q -e ".[bench]"
+	$(PY) -c "import matplotlib, cppimport, tvm_ffi" 2>/dev/null || $(PY) -m pip install -q -e ".[bench]"
 	$(PY) benchmarks/loader.py
 	$(PY) benchmarks/kernels.py
+	$(PY) benchmarks/live.py

@@ -41,6 +41,8 @@ def main() -> None:
     out = subprocess.run([sys.executable, "-c", FRESH_PROCESS], capture_output=True, text=True, check=True)
     print(out.stdout.strip().removeprefix("fresh process: "))
 
+    live_edit(a, b)
+
     from kload import kernels  # the shipped kernels: each compiles on its first call
 
     x, w, m = torch.randn(2, 3, 16, 16), torch.randn(4, 3, 3, 3), torch.randn(100, 64)
@@ -60,6 +62,32 @@ def main() -> None:
     print(f"tutorial extension (pybind11, torch/extension.h) ready in {time.perf_counter() - t:.2f} s: "
           f"{d.tolist()}")
     assert torch.equal(d, a + b)
+
+
+def live_edit(a, b) -> None:
+    """An edit of a watched source, timed until the call returns the new result:
+    with <kload/kernel.h> precompiled (built in the background since the first
+    compile above), the edit compiles one translation unit against it."""
+    import shutil
+    import tempfile
+
+    from kload import precompile
+
+    t = time.perf_counter()
+    precompile.wait(timeout=600)  # the background build of <kload/kernel.h> the first compile started
+    print(f"precompiled <kload/kernel.h> ready ({time.perf_counter() - t:.1f} s more wait)")
+    src = Path(tempfile.mkdtemp(prefix="kload-demo-")) / "vector_add.cpp"
+    shutil.copy(HERE / "vector_add.cpp", src)
+    ops = kload.load(src, reload=True)
+    ops.vector_add(a, b)
+    src.write_text(src.read_text().replace("return a.add(b);", "return a + b * 2;"))  # an edit, saved
+    t = time.perf_counter()
+    while not torch.equal(out := ops.vector_add(a, b), a + b * 2):
+        time.sleep(0.01)
+    note = next(iter((kload.HISTORY[-1].get("pch") or {}).values()), "")
+    print(f"edit -> new result in {time.perf_counter() - t:.2f} s: {out.tolist()} ({note})")
+    shutil.rmtree(src.parent, ignore_errors=True)
+
 
 if __name__ == "__main__":
     main()

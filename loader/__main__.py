@@ -5,214 +5,22 @@
     kload cache verify                   re-hash every artifact; quarantine bad ones (exit 1 if any)
     kload cache prune --max-size 5G      least recently used first; --older-than DAYS
     kload cache clear                    entries, index, build directories (never one in use)
-    kload build SOURCES... [--name N] [--cflags "..."] [-I DIR] [--debug]
+    kload build SOURCES... [--name N] [--cflags "..."] [-I DIR] [--debug] [--pch]
+    kload build --pch [--cflags "..."]    precompile <kload/kernel.h> for these flags (for images)
     kload explain SOURCES... [same flags]     hit, or which key input differs from the nearest entry
 """
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shlex
-import shutil
 import sys
 import time
 from pathlib import Path
 
 from . import knobs
+from .cli_cache import _human, cmd_clear, cmd_info, cmd_list, cmd_prune, cmd_verify
 from .errors import KloadError
-
-
-def _human(n: float) -> str:
-    for unit in ("B", "K", "M", "G", "T"):
-        if n < 1024 or unit == "T":
-            return f"{n:.0f}{unit}" if unit == "B" else f"{n:.1f}{unit}"
-        n /= 1024
-    return f"{n}"
-
-
-def _ago(t: float) -> str:
-    d = time.time() - t
-    if d < 120:
-        return f"{d:.0f} s ago"
-    if d < 7200:
-        return f"{d / 60:.0f} min ago"
-    if d < 172800:
-        return f"{d / 3600:.0f} h ago"
-    return time.strftime("%Y-%m-%d", time.localtime(t))
-
-
-def _store():
-    from kload.cache.store import Store
-
-    store = Store(knobs.cache_dir())
-    store.check_root()
-    return store
-
-
-def _find(store, key: str):
-    key = key.strip()
-    if len(key) < 4:
-        raise KloadError(f"kload: a key prefix needs at least 4 characters, got {key!r}")
-    found = [e for e in store.all_entries() if e.key.startswith(key) or e.path.name.startswith(key)]
-    if not found:
-        raise KloadError(f"kload: no entry in {store.root} matches {key!r} (see `python -m kload cache list`)")
-    if len(found) > 1:
-        raise KloadError(f"kload: {key!r} matches {len(found)} entries: "
-                         + ", ".join(e.path.name for e in found) + "; give more of the key")
-    return found[0]
-
-
-# -- cache ------------------------------------------------------------------------------
-
-def cmd_list(args) -> int:
-    from kload.cache.store import dir_size
-
-    store = _store()
-    entries = sorted(store.all_entries(), key=lambda e: -e.last_used())
-    sizes = {e.path.name: dir_size(e.path) for e in entries}
-
-    def torch_version(e) -> str:
-        return str((e.manifest.get("inputs") or {}).get("torch", {}).get("version", "?"))
-
-    if args.json:
-        print(json.dumps([{"name": e.manifest.get("name"), "key": e.key, "path": str(e.path),
-                           "size": sizes[e.path.name], "last_used": e.last_used(), "torch": torch_version(e),
-                           "compiler": _compiler(e)} for e in entries], indent=1))
-        return 0
-    print(f"cache: {store.root}")
-    if not entries:
-        print("no entries")
-        return 0
-    rows = [(e.manifest.get("name", "?"), e.key[:16], _human(sizes[e.path.name]), _ago(e.last_used()),
-             torch_version(e), _compiler(e)) for e in entries]
-    head = ("NAME", "KEY", "SIZE", "LAST USED", "TORCH", "COMPILER")
-    widths = [max(len(r[i]) for r in rows + [head]) for i in range(len(head))]
-    for r in [head] + rows:
-        print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
-    print(f"{len(entries)} entries, {_human(sum(sizes.values()))} "
-          f"(limit {os.environ.get('KLOAD_CACHE_MAX_SIZE') or knobs.DEFAULT_MAX_SIZE})")
-    return 0
-
-
-def _compiler(e) -> str:
-    cxx = (e.manifest.get("inputs") or {}).get("cxx") or {}
-    first = (cxx.get("version") or "").splitlines()[:1]
-    return first[0] if first else str(cxx.get("path", "?"))
-
-
-def cmd_info(args) -> int:
-    from kload.cache.store import dir_size
-
-    store = _store()
-    e = _find(store, args.key)
-    m = e.manifest
-    info = {
-        "entry": str(e.path), "name": m.get("name"), "key": e.key, "source_key": m.get("source_key"),
-        "artifact": str(e.artifact), "size": dir_size(e.path), "sha256": m.get("sha256"),
-        "created": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(m.get("created", 0))),
-        "last_used": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e.last_used())),
-        "build_seconds": m.get("build_seconds"), "style": m.get("style"), "namespace": m.get("namespace"),
-        "headers": m.get("headers"), "inputs": m.get("inputs"),
-    }
-    print(json.dumps(info, indent=2, ensure_ascii=False))
-    return 0
-
-
-def cmd_verify(args) -> int:
-    from kload.cache.store import MANIFEST, Entry, read_json
-
-    store = _store()
-    ok = bad = 0
-    try:
-        names = sorted(n for n in os.listdir(store.entries) if not n.startswith("."))
-    except FileNotFoundError:
-        names = []
-    for n in names:
-        path = store.entries / n
-        m = read_json(path / MANIFEST)
-        if m is None or "artifact" not in m:
-            problem = "no readable manifest (an incomplete or damaged entry)"
-        else:
-            try:
-                problem = store.check_artifact(Entry(path, m), full=True)
-            except KloadError as e:
-                problem = str(e)
-        if problem:
-            bad += 1
-            dest = store.quarantine(path, problem)
-            print(f"BAD  {n}: {problem}" + (f" -> quarantined in {dest}" if dest else " (could not quarantine)"))
-        else:
-            ok += 1
-            print(f"ok   {n}")
-    print(f"verified {ok + bad} entries: {ok} ok, {bad} quarantined")
-    return 1 if bad else 0
-
-
-def cmd_prune(args) -> int:
-    from kload.cache.store import GRACE, dir_size, parse_size
-
-    if args.max_size is None and args.older_than is None:
-        raise KloadError("kload: cache prune needs --max-size SIZE and/or --older-than DAYS")
-    store = _store()
-    used = {e.path.name: e.last_used() for e in store.all_entries()}
-    removed = []
-    if args.older_than is not None:
-        if args.older_than < 0:
-            raise KloadError(f"kload: --older-than must be a number of days >= 0, got {args.older_than}")
-        cutoff = time.time() - args.older_than * 86400
-        for e in store.all_entries():
-            if e.last_used() < cutoff:
-                size = dir_size(e.path)
-                if store.remove(e):
-                    removed.append((e, size))
-    if args.max_size is not None:
-        limit = parse_size(args.max_size)
-        if limit is not None:
-            sizes = {e.path.name: dir_size(e.path) for e in store.all_entries()}
-            removed += [(e, sizes.get(e.path.name, 0)) for e in store.evict_to(limit)]
-    for e, size in removed:
-        print(f"removed {e.path.name} ({_human(size)}, last used {_ago(used.get(e.path.name, 0))})")
-    left = store.all_entries()
-    print(f"removed {len(removed)} entries, {_human(sum(s for _, s in removed))}; "
-          f"{len(left)} left, {_human(sum(dir_size(e.path) for e in left))} "
-          f"(entries used in the last {GRACE / 60:.0f} minutes or being loaded are kept)")
-    return 0
-
-
-def cmd_clear(args) -> int:
-    from filelock import FileLock, Timeout
-
-    store = _store()
-    n = kept = 0
-    for e in store.all_entries():
-        if store.remove(e, force_recent=True):
-            n += 1
-        else:
-            kept += 1
-    for d in (store.index, store.hits, store.quarantine_dir):
-        shutil.rmtree(d, ignore_errors=True)
-    builds = 0
-    if store.builds.exists():
-        for ws in sorted(store.builds.iterdir()):
-            lock = FileLock(str(store.locks / f"{ws.name}.lock"))
-            try:
-                lock.acquire(timeout=0)
-            except Timeout:
-                kept += 1  # being built right now
-                continue
-            try:
-                shutil.rmtree(ws, ignore_errors=True)
-                builds += 1
-            finally:
-                lock.release()
-    try:
-        os.unlink(store.root / "toolchain.json")
-    except FileNotFoundError:
-        pass
-    print(f"cleared {n} entries and {builds} build directories from {store.root}"
-          + (f"; kept {kept} in use" if kept else ""))
-    return 0
 
 
 # -- build / explain ---------------------------------------------------------------------
@@ -229,6 +37,12 @@ def _handle(args):
 def cmd_build(args) -> int:
     from .handle import HISTORY
 
+    if args.pch:
+        _precompile(args)
+        if not args.sources:
+            return 0
+    elif not args.sources:
+        raise KloadError("kload: build needs SOURCES (or --pch alone, to precompile <kload/kernel.h>)")
     h = _handle(args)
     path = h.build()
     last = HISTORY[-1]
@@ -237,9 +51,48 @@ def cmd_build(args) -> int:
     return 0
 
 
+def _precompile(args) -> None:
+    """Build the precompiled headers SOURCES (default: a cell with these flags) would
+    use, in the foreground, and say where they are."""
+    from kload.cache.store import Store
+
+    from .magic import PCH_CELL
+    from .pch import plans_for
+    from .plan import plan
+    from .precompile import build as build_pch
+
+    if not args.sources:
+        from .api import inline_folder, write_files
+
+        folder = inline_folder("kload_cell_pch", {"kload_cell_pch.cpp": PCH_CELL})
+        args.sources = [str(write_files(folder, {"kload_cell_pch.cpp": PCH_CELL})["kload_cell_pch.cpp"])]
+        args.name = args.name or "kload_cell"
+        sources = None
+    else:
+        sources = args.sources
+    store = Store(knobs.cache_dir())
+    store.prepare()
+    p = plan(_handle(args)._opts, store)
+    plans = plans_for(p, store)
+    if not plans:
+        from .pch import not_applicable
+
+        why = not_applicable(p) or "no source starts with #include <kload/kernel.h> or <torch/extension.h>"
+        print(f"no precompiled header applies: {why}")
+    for pp in plans:
+        t = time.perf_counter()
+        entry = build_pch(pp.spec, wait=True)
+        print(f"precompiled <{pp.header}> ({_human(entry.manifest['size'])}) in {time.perf_counter() - t:.1f} s: "
+              f"{entry.path}")
+    if sources is None:
+        args.sources = []
+
+
 def cmd_explain(args) -> int:
     from kload.cache.store import Store
 
+    if not args.sources:
+        raise KloadError("kload: explain needs SOURCES")
     from .explain import explain_plan
     from .plan import plan
 
@@ -273,7 +126,7 @@ def parser() -> argparse.ArgumentParser:
     c.set_defaults(func=cmd_clear)
 
     flags = argparse.ArgumentParser(add_help=False)
-    flags.add_argument("sources", nargs="+", help=".cpp/.cu files")
+    flags.add_argument("sources", nargs="*", help=".cpp/.cu files")
     flags.add_argument("--name", help="the library's name (default: the first source's stem)")
     flags.add_argument("--cflags", action="append", default=[], help='extra compiler flags, e.g. "-O2 -DX=1"')
     flags.add_argument("--cuda-cflags", action="append", default=[], help="extra nvcc flags")
@@ -281,6 +134,8 @@ def parser() -> argparse.ArgumentParser:
     flags.add_argument("-I", dest="include", action="append", default=[], help="an include directory")
     flags.add_argument("--debug", action="store_true", help="-g -O0 (CUDA: -G)")
     b = sub.add_parser("build", parents=[flags], help="compile into the cache now (for images and clusters)")
+    b.add_argument("--pch", action="store_true",
+                   help="also precompile the headers the sources start with (alone: <kload/kernel.h> for cells)")
     b.set_defaults(func=cmd_build)
     e = sub.add_parser("explain", parents=[flags], help="hit, or what differs from the nearest entry")
     e.set_defaults(func=cmd_explain)

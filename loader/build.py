@@ -12,7 +12,6 @@ import shlex
 import shutil
 import subprocess
 import sys
-import sysconfig
 import time
 import uuid
 from contextlib import contextmanager
@@ -22,7 +21,7 @@ from kload.cache.key import file_sha256, full_key, stat_stamp, workspace_key
 from kload.cache.lock import build_lock
 from kload.cache.store import Entry, Store, read_json, writable_error, write_atomic, write_json_atomic
 
-from . import knobs, toolchain
+from . import knobs, pch, toolchain
 from .errors import CompileError, KloadError, parse_diagnostics
 from .options import include_dir
 from .plan import Plan
@@ -31,22 +30,6 @@ from .progress import BuildProgress
 log = logging.getLogger("kload")
 
 NS_SOURCE = "_kload_ns_.cpp"
-
-def _system_prefixes(with_cuda: bool) -> tuple[str, ...]:
-    """Headers under these belong to torch, Python, the compiler or CUDA, which the
-    key already covers by version; every other header is hashed by content."""
-    import torch
-
-    prefixes = [str(Path(torch.__file__).parent / "include"), "/usr/include/", "/usr/lib/"]
-    for key in ("include", "platinclude"):
-        p = sysconfig.get_paths().get(key)
-        if p:
-            prefixes.append(p)
-    cuda_home = toolchain.find_cuda_home()
-    if with_cuda and cuda_home:
-        prefixes.append(os.path.realpath(cuda_home))
-        prefixes.append(cuda_home)
-    return tuple(os.path.join(p, "") for p in prefixes)
 
 
 def ninja_deps(ws: Path) -> dict[str, list[str]]:
@@ -66,17 +49,20 @@ def ninja_deps(ws: Path) -> dict[str, list[str]]:
     return deps
 
 
-def header_closure(ws: Path, plan_: Plan) -> tuple[dict[str, str], dict[str, list | None]]:
-    """Every local header the compiler read, with its content hash and stat stamp."""
-    deps = ninja_deps(ws)
+def header_closure(ws: Path, plan_: Plan, deps: dict[str, list[str]], pchs: pch.Use
+                   ) -> tuple[dict[str, str], dict[str, list | None]]:
+    """Every local header the compiler read, with its content hash and stat stamp.
+    A precompiled header's stub and .gch are left out (the PCH key covers them);
+    the headers it was made from are in, when a compile used it (its dependency
+    file does not list them), so the key is the same with or without it."""
     if not deps:
         raise KloadError(f"kload: ninja recorded no header dependencies in {ws}; refusing to cache a build "
                          "whose inputs cannot all be seen")
     skip = {str(p) for p in plan_.built}
-    system = _system_prefixes(plan_.with_cuda)
+    system = toolchain.system_prefixes(plan_.with_cuda) + pchs.prefixes()
     headers: dict[str, str] = {}
     stamps: dict[str, list | None] = {}
-    for p in sorted({p for files in deps.values() for p in files}):
+    for p in sorted({p for files in deps.values() for p in files} | pchs.headers_used()):
         if p in skip or p.startswith(str(ws) + os.sep) or p.startswith(system):
             continue
         before = stat_stamp(p)
@@ -187,16 +173,21 @@ def _compile_locked(plan_: Plan, store: Store) -> tuple[Entry, float]:
             sources.append(str(ns_src))
         artifact = ws / f"{name}.so"
         forget_stale_objects(ws)
-        started = time.perf_counter()
+        pchs = pch.Use(plan_, store)
+        started, since = time.perf_counter(), time.time()
         try:
-            with BuildProgress(name, ws) as progress, launchers(store, plan_):
-                _run_torch_build(plan_, ws, sources)
+            with BuildProgress(name, ws) as progress, launchers(store, plan_), pchs.held():
+                _run_torch_build(plan_, ws, sources, pchs.cflags())
                 seconds = time.perf_counter() - started
-                progress.finish(f"kload: built {name} in {seconds:.1f} s")
+                deps = ninja_deps(ws)
+                notes = pchs.report(deps, ws, since)
+                progress.finish(f"kload: built {name} in {seconds:.1f} s{pchs.summary()}")
         except CompileError:
             os.unlink(ws / BUILDING)  # a finished (failed) build; the directory stays valid
             raise
-        headers, stamps = header_closure(ws, plan_)
+        finally:
+            pchs.start_missing()  # the next edit compiles with them
+        headers, stamps = header_closure(ws, plan_, deps, pchs)
         write_json_atomic(ws / RECORD, {**headers, **{s["path"]: s["sha256"] for s in plan_.inputs["sources"]}})
         key = full_key(plan_.skey, headers)
         os.unlink(ws / BUILDING)
@@ -210,6 +201,7 @@ def _compile_locked(plan_: Plan, store: Store) -> tuple[Entry, float]:
                 "cuda_built": plan_.with_cuda,
                 "cuda_skipped": plan_.cuda_skipped,
                 "build_seconds": round(seconds, 3),
+                "pch": notes,
                 "inputs": plan_.inputs,
             },
         )
@@ -254,7 +246,7 @@ def launchers(store: Store, plan_: Plan):
                 os.environ[k] = v
 
 
-def _run_torch_build(plan_: Plan, ws: Path, sources: list[str]) -> None:
+def _run_torch_build(plan_: Plan, ws: Path, sources: list[str], pch_cflags: list[str]) -> None:
     _ensure_ninja_on_path()
     from torch.utils import cpp_extension
 
@@ -264,15 +256,18 @@ def _run_torch_build(plan_: Plan, ws: Path, sources: list[str]) -> None:
     if versioner is not None and hasattr(versioner, "entries"):
         versioner.entries.pop(plan_.name, None)
     log_path = ws / "build.log"
+    kload_include = "-I" + shlex.quote(str(include_dir()))
     try:
         cpp_extension.load(
             name=plan_.name,
             sources=sources,
             # copies: torch appends its own flags to these lists, and the manifest records ours
-            extra_cflags=list(plan_.cflags),
-            extra_cuda_cflags=list(plan_.cuda_cflags),
+            # kload's include directory through the flags, so that g++ finds the
+            # precompiled headers' directories ahead of it (and nvcc does not)
+            extra_cflags=list(plan_.cflags) + pch_cflags + [kload_include],
+            extra_cuda_cflags=list(plan_.cuda_cflags) + [kload_include],
             extra_ldflags=list(plan_.ldflags),
-            extra_include_paths=[str(include_dir())] + plan_.opts.include_paths,
+            extra_include_paths=list(plan_.opts.include_paths),
             build_directory=str(ws),
             verbose=plan_.opts.verbose,
             with_cuda=plan_.with_cuda,

@@ -99,9 +99,10 @@ def _read_line(file: str, line: int | None) -> str | None:
 
 
 def hint_for(d: Diagnostic) -> str | None:
-    missing = re.search(r"[‘'`](\w+)[’'`] is not a member of [‘'`]at[’'`]", d.message)
-    if missing:
-        return f"<kload/kernel.h> is lean; add #include <ATen/ops/{missing[1]}.h>"
+    missing = re.search(r"[‘'`\"](\w+)[’'`\"] is not a member of [‘'`\"]at[’'`\"]", d.message) or re.search(
+        r"namespace [‘'`\"]at[’'`\"] has no member [‘'`\"](\w+)[’'`\"]", d.message)
+    if missing and d.file.endswith(".cu"):  # <kload/kernel.h> under KLOAD_LEAN, as nvcc sources use it
+        return f"with KLOAD_LEAN defined, <kload/kernel.h> has no at:: functions; add #include <ATen/ops/{missing[1]}.h>"
     return None
 
 

@@ -87,7 +87,8 @@ class Handle:
     def _record(self, entry: Entry, how: str, seconds: float) -> None:
         self.__dict__["_entry"] = entry
         HISTORY.append({"name": self._opts.name, "how": how, "seconds": seconds, "key": entry.key,
-                        "path": str(entry.artifact), "time": time.time()})
+                        "path": str(entry.artifact), "time": time.time(),
+                        "pch": entry.manifest.get("pch") if how == "built" else None})
         if how != "built":  # a build's summary replaced its progress line already
             ms = seconds * 1e3
             text = (f"kload: loaded {self._opts.name} from cache in {ms:.1f} ms" if ms < 10 else

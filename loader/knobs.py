@@ -74,6 +74,13 @@ def fast_link() -> bool:
 DEFAULT_MAX_SIZE = "10G"
 
 
+def pch() -> bool:
+    """``KLOAD_PCH`` (default 1): precompile <kload/kernel.h> and <torch/extension.h>
+    into the cache (GCC only) and compile every source that includes one first with
+    it. 0: parse the headers in every compile."""
+    return _flag("KLOAD_PCH", True)
+
+
 def cache_max_size() -> int | None:
     """``KLOAD_CACHE_MAX_SIZE`` (default 10G; ``0``/``none``: no limit): after a build,
     least-recently-used entries are evicted until the entries fit."""

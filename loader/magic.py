@@ -107,5 +107,29 @@ class KloadMagics(Magics):
                   f"  {h['key'][:16]}")
 
 
+PCH_CELL = "#include <kload/kernel.h>\nKLOAD_LIBRARY(m) {}\n"
+
+
+def prebuild_cell_pch() -> list:
+    """Start precompiling <kload/kernel.h> for cells with default flags, so that the
+    first cell's edits find it ready; never an error (the cells compile anyway)."""
+    import logging
+
+    try:
+        from kload.cache.store import Store
+
+        from .options import make_options
+        from .pch import prebuild
+
+        folder = inline_folder("kload_cell_pch", {"kload_cell_pch.cpp": PCH_CELL})
+        src = write_files(folder, {"kload_cell_pch.cpp": PCH_CELL})["kload_cell_pch.cpp"]
+        opts = make_options("kload_cell", [src], [], [], [], [], False, None, False)
+        return prebuild(opts, Store(knobs.cache_dir()))
+    except Exception as e:  # noqa: BLE001 - a missing PCH only costs time
+        logging.getLogger("kload").info("kload: not precompiling <kload/kernel.h> for cells: %s", e)
+        return []
+
+
 def load_ipython_extension(ipython) -> None:
     ipython.register_magics(KloadMagics)
+    prebuild_cell_pch()

@@ -41,6 +41,12 @@ class Plan:
 
 
 _said_cuda_skip: set[str] = set()
+# The input checks the classic tutorials use without defining, as kload/checks.h defines them.
+CHECK_MACROS = {
+    "CHECK_CUDA": 'TORCH_CHECK((x).is_cuda(), #x " must be a CUDA tensor, got a tensor on ", (x).device())',
+    "CHECK_CONTIGUOUS": 'TORCH_CHECK((x).is_contiguous(), #x " must be contiguous, got strides ", (x).strides())',
+    "CHECK_INPUT": 'do { TORCH_CHECK((x).defined(), #x " must be a defined tensor"); CHECK_CONTIGUOUS(x); } while (0)',
+}
 GCC_PARSE_FLAGS = ["--param=ggc-min-expand=100", "--param=ggc-min-heapsize=524288"]
 
 
@@ -75,12 +81,13 @@ def plan(opts: Options, store: Store) -> Plan:
     if opts.debug:
         cflags += ["-g", "-O0"]
         cuda_cflags += ["-g", "-G", "-O0"]
-    if sset.needs_checks:
+    if sset.missing_checks:
         import shlex
 
-        forced = "-include " + shlex.quote(str(include_dir() / "kload" / "checks.h"))
-        cflags.append(forced)
-        cuda_cflags.append(forced)
+        # g++: as -D, not -include: GCC cannot use a precompiled <torch/extension.h>
+        # after an -include'd file. (Quoted for the shell that runs torch's ninja file.)
+        cflags += [shlex.quote(f"-D{m}(x)={CHECK_MACROS[m]}") for m in sset.missing_checks]
+        cuda_cflags.append("-include " + shlex.quote(str(include_dir() / "kload" / "checks.h")))
 
     inputs = {
         "name": opts.name,

@@ -5,7 +5,6 @@ One read per file: the same bytes are hashed for the cache key and scanned here.
 from __future__ import annotations
 
 import hashlib
-import os
 import re
 from pathlib import Path
 from typing import NamedTuple
@@ -22,6 +21,9 @@ _FIXED_NS = r"\bTORCH_LIBRARY(?:_FRAGMENT|_IMPL)?\s*\(\s*(\w+)\s*,"
 _CHECK_USE = r"\b(CHECK_INPUT|CHECK_CUDA|CHECK_CONTIGUOUS)\s*\("
 _CHECK_DEF = r"(?m)^\s*#\s*define\s+(CHECK_INPUT|CHECK_CUDA|CHECK_CONTIGUOUS)\b"
 _KERNEL_H = r"#\s*include\s*[<\"]kload/kernel\.h[>\"]"
+# headers kload can precompile (pch.py), when a source includes one first
+PCH_HEADERS = ("kload/kernel.h", "torch/extension.h")
+_INCLUDE = r"#\s*include\s*[<\"]([^>\"]+)[>\"]"
 
 
 class Source(NamedTuple):
@@ -38,7 +40,9 @@ class SourceSet:
         self.op_library = False            # KLOAD_LIBRARY / KLOAD_IMPL: kload supplies the namespace
         self.python_module = False         # PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)
         self.fixed_namespaces: list[str] = []  # TORCH_LIBRARY(ns, m)
-        self.needs_checks = False          # uses CHECK_* without defining it
+        self.missing_checks: list[str] = []  # CHECK_* used but not defined (kload supplies them)
+        self.first_includes: dict[str, str | None] = {}  # source -> the PCH_HEADERS header it starts with
+        self.pch_headers: list[str] = []   # the PCH_HEADERS that any source includes, first or not
 
     @property
     def style(self) -> str:
@@ -66,15 +70,31 @@ def scan(paths: list[Path], memo: dict | None = None) -> SourceSet:
     for p in paths:
         data = p.read_bytes()
         out.sources.append(Source(p, hashlib.sha256(data).hexdigest(), p.suffix in CUDA_SUFFIXES))
-    memo_key = "scan:" + ",".join(s.sha256 for s in out.sources)
+    memo_key = "scan4:" + ",".join(s.sha256 for s in out.sources)
     found = memo.get(memo_key) if memo is not None else None
     if found is None:
         found = _classify([s.path.read_bytes() for s in out.sources], [s.path for s in out.sources])
         if memo is not None:
             memo[memo_key] = found
     out.op_library, out.python_module = found["op_library"], found["python_module"]
-    out.fixed_namespaces, out.needs_checks = list(found["fixed_namespaces"]), found["needs_checks"]
+    out.fixed_namespaces, out.missing_checks = list(found["fixed_namespaces"]), list(found["missing_checks"])
+    out.first_includes = {str(s.path): h for s, h in zip(out.sources, found["first_includes"])}
+    out.pch_headers = list(found["pch_headers"])
     return out
+
+
+def first_include(code: str) -> str | None:
+    """The header a (comment-free) source includes before any other token or
+    directive, if kload can precompile it; None otherwise. Blank lines, ``#line``
+    and ``#pragma once`` may come first: GCC can still use a precompiled header
+    after them, but not after a ``#define`` or any code."""
+    for line in code.splitlines():
+        text = line.strip()
+        if not text or re.match(r"#\s*(line\b|pragma\s+once\b|\d)", text):
+            continue
+        m = re.match(_INCLUDE, text)
+        return m[1] if m and m[1] in PCH_HEADERS else None
+    return None
 
 
 def _classify(blobs: list[bytes], paths: list[Path]) -> dict:
@@ -82,10 +102,18 @@ def _classify(blobs: list[bytes], paths: list[Path]) -> dict:
     used: set[str] = set()
     defined: set[str] = set()
     includes_kernel_h = False
-    for data in blobs:
+    firsts: list[str | None] = []
+    pch_headers: set[str] = set()
+    for data, path in zip(blobs, paths):
         code = data.decode("utf-8", errors="replace")
         if "/" in code:
             code = re.sub(_COMMENTS, " ", code, flags=re.S)
+        if path.suffix not in CUDA_SUFFIXES:
+            firsts.append(first_include(code))
+            if "#" in code:
+                pch_headers.update(h for h in re.findall(_INCLUDE, code) if h in PCH_HEADERS)
+        else:
+            firsts.append(None)
         out.op_library |= "KLOAD_" in code and bool(re.search(_OPLIB, code))
         out.python_module |= "PYBIND11_MODULE" in code and bool(re.search(_PYBIND, code))
         if "TORCH_LIBRARY" in code:
@@ -105,4 +133,14 @@ def _classify(blobs: list[bytes], paths: list[Path]) -> dict:
         )
     return {"op_library": out.op_library, "python_module": out.python_module,
             "fixed_namespaces": out.fixed_namespaces,
-            "needs_checks": bool(used - defined) and not includes_kernel_h}
+            "missing_checks": [] if includes_kernel_h else _missing_checks(used, defined), "first_includes": firsts,
+            "pch_headers": sorted(pch_headers)}
+
+
+def _missing_checks(used: set[str], defined: set[str]) -> list[str]:
+    """The CHECK_* macros to supply: those used and not defined, and CHECK_CONTIGUOUS
+    with CHECK_INPUT (whose body uses it) unless the sources define it."""
+    missing = used - defined
+    if "CHECK_INPUT" in missing and "CHECK_CONTIGUOUS" not in defined:
+        missing.add("CHECK_CONTIGUOUS")
+    return sorted(missing)

@@ -145,3 +145,22 @@ def compiler_identity(command: str, cache_root: Path) -> dict:
         known[stamp] = [real, version]
         save_memo(cache_root)
     return {"command": command, "path": real, "version": version}
+
+
+def system_prefixes(with_cuda: bool) -> tuple[str, ...]:
+    """Headers under these belong to torch, Python, the compiler or CUDA, which the
+    key already covers by version; every other header is hashed by content."""
+    import sysconfig
+
+    import torch
+
+    prefixes = [str(Path(torch.__file__).parent / "include"), "/usr/include/", "/usr/lib/"]
+    for key in ("include", "platinclude"):
+        p = sysconfig.get_paths().get(key)
+        if p:
+            prefixes.append(p)
+    cuda_home = find_cuda_home()
+    if with_cuda and cuda_home:
+        prefixes.append(os.path.realpath(cuda_home))
+        prefixes.append(cuda_home)
+    return tuple(os.path.join(p, "") for p in prefixes)

@@ -18,11 +18,12 @@ ORDER = [
     "kload.options",                                               # 1 what the user passed
     "kload.fingerprint", "kload.toolchain", "kload.sources",       # 2 fingerprint and key inputs
     "kload.plan", "kload.explain",                                 # 3 plan, source key
+    "kload.precompile", "kload.pch",                               # 4 precompiled headers
     "kload.progress", "kload.build",                               # 4 build
     "kload.library",                                               # 5 load a library into the process
     "kload.resolve",                                               # 6 hit record / full lookup / build
     "kload.watch", "kload.handle",                                 # 7 the user's Handle
-    "kload.api", "kload.magic", "kload.__main__", "kload",         # 8 front doors
+    "kload.api", "kload.magic", "kload.cli_cache", "kload.__main__", "kload",  # 8 front doors
 ]
 
 

@@ -1,5 +1,6 @@
 // bias_gelu — CUDA: y = gelu(x + bias) and its backward, one thread per element
 // (grid-stride), fp32 math for half/bfloat16; grad_bias by a column reduction.
+#define KLOAD_LEAN  // nvcc has no precompiled headers: Tensor and the registration API only
 #include <kload/kernel.h>
 #include "bias_gelu.h"
 #include <kload/cuda/common.cuh>

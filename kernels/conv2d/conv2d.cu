@@ -1,6 +1,7 @@
 // conv2d — CUDA: direct convolution, one thread per output element (forward),
 // per input element (grad_x) and per weight (grad_w); fp32 accumulation for
 // half/bfloat16. Readable and exact, not tuned (cuDNN is the fast path).
+#define KLOAD_LEAN  // nvcc has no precompiled headers: Tensor and the registration API only
 #include <kload/kernel.h>
 #include "conv2d.h"
 #include <kload/cuda/common.cuh>

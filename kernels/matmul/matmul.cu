@@ -1,6 +1,7 @@
 // matmul — CUDA: 32x32 shared-memory tiles, one output element per thread,
 // accumulation in fp32 for half/bfloat16. (cuBLAS is faster; this is the
 // readable reference a user starts from.)
+#define KLOAD_LEAN  // nvcc has no precompiled headers: Tensor and the registration API only
 #include <kload/kernel.h>
 #include "matmul.h"
 #include <kload/cuda/common.cuh>

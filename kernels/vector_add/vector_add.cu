@@ -1,5 +1,6 @@
 // vector_add — CUDA: one thread per element, grid-stride loop; float, double,
 // half and bfloat16. Launched on the current stream under a device guard.
+#define KLOAD_LEAN  // nvcc has no precompiled headers: Tensor and the registration API only
 #include <kload/kernel.h>
 #include "vector_add.h"
 #include <kload/cuda/common.cuh>

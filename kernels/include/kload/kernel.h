@@ -1,24 +1,37 @@
-// kload/kernel.h — the one header an op library includes.
+// kload/kernel.h — the one header an op library includes: the whole ATen C++ API
+// and kload's registration macros.
 //
 //   #include <kload/kernel.h>
-//   KLOAD_LIBRARY(m) { m.def("vector_add(Tensor a, Tensor b) -> Tensor"); }
-//   KLOAD_IMPL(CPU, m) { m.impl("vector_add", &vector_add_cpu); }
+//   at::Tensor axpy(const at::Tensor& x, const at::Tensor& y, double a) { return x * a + y; }
+//   KLOAD_LIBRARY(m) { m.def("axpy(Tensor x, Tensor y, float a) -> Tensor"); }
+//   KLOAD_IMPL(CPU, m) { m.impl("axpy", &axpy); }
 //
-// Lean on purpose: <torch/extension.h> pulls in all of libtorch's C++ API and
-// pybind11 (~20 s per translation unit); ATen's Tensor and the registration API
-// are all an op needs (~2-3 s).
+// It gives Tensor operators and methods, at:: functions and factories
+// (at::empty_like, at::zeros, at::matmul, ...), c10 types, TORCH_CHECK,
+// AT_DISPATCH_*, at::parallel_for and torch::Library. g++ takes ~12 s to parse
+// all of that, so kload precompiles this header once per compiler and flag set
+// into its cache; a source whose FIRST #include is <kload/kernel.h> then
+// compiles in ~3 s. (Nothing but comments, blank lines and #line may come
+// before it, and no #define: GCC cannot use a precompiled header after either.)
+//
+// nvcc cannot use a precompiled header. A .cu file that defines KLOAD_LEAN
+// before including this gets only Tensor and the registration API (then
+// #include <ATen/ops/NAME.h> for each at:: function it calls), which nvcc
+// parses several times faster.
 //
 // The operator namespace is not a compile-time constant: kload generates one
 // small translation unit per build that defines kload::detail::ns(), so every
 // build registers a fresh namespace (live reload in one process), while editing
 // one source recompiles only that source.
-#pragma once
+#ifndef KLOAD_KERNEL_H_
+#define KLOAD_KERNEL_H_
 
-// Tensor's methods come with it: a.add(b), a.new_empty(a.sizes()), a.new_zeros({n}),
-// a.contiguous(). Free functions (at::empty_like, at::matmul, ...) each need
-// #include <ATen/ops/NAME.h>: every one of those pulls in ATen/Context.h (~1 s),
-// so this header includes none.
+#ifdef KLOAD_LEAN
 #include <ATen/core/Tensor.h>
+#else
+#include <ATen/ATen.h>       // operators, methods, at:: functions and factories, AT_DISPATCH_*
+#include <ATen/Parallel.h>   // at::parallel_for, at::get_num_threads
+#endif
 #include <torch/library.h>
 
 #include <optional>
@@ -56,3 +69,5 @@ __attribute__((visibility("hidden"))) const char* ns();
       torch::Library::IMPL, &KLOAD_CONCAT(uid, _init), ::kload::detail::ns(), \
       std::make_optional(c10::DispatchKey::k), __FILE__, __LINE__);       \
   void KLOAD_CONCAT(uid, _init)(torch::Library & m)
+
+#endif  // KLOAD_KERNEL_H_
