@@ -179,13 +179,14 @@ def row_specs(work: Path, cache: str, repeat: int) -> dict:
     (d / "build").mkdir()
     (d / "bump.cpp").write_text(CLASSIC.replace("VALUE", "0"))
     checks = str(ROOT / "kernels" / "include" / "kload" / "checks.h")
-    specs["torch"] = (lambda values: TORCH_ROW.format(src=str(d / "bump.cpp"), name="bump_torch", checks=checks,
-                                                      build=str(d / "build"), values=values, text=CLASSIC),
+    specs["torch"] = (lambda values, d=d: TORCH_ROW.format(src=str(d / "bump.cpp"), name="bump_torch",
+                                                           checks=checks, build=str(d / "build"), values=values,
+                                                           text=CLASSIC),
                       {"TORCH_NO_COMPILER_WRAPPER": "1"})
     d = work / "cppimport"
     d.mkdir()
-    specs["cppimport"] = (lambda values: CPPIMPORT_ROW.format(src=str(d / "x.cpp"), values=values,
-                                                              text=CPPIMPORT), {})
+    specs["cppimport"] = (lambda values, d=d: CPPIMPORT_ROW.format(src=str(d / "x.cpp"), values=values,
+                                                                   text=CPPIMPORT), {})
     d = work / "tvm"
     d.mkdir()
     specs["tvm"] = (lambda values: TVM_ROW.format(values=values, text=TVM_FFI), {"TVM_FFI_CACHE_DIR": str(d)})

@@ -13,7 +13,6 @@ import logging
 # and kload.cache; the rest loads when first needed.
 from . import knobs
 from .api import load, load_inline
-from .errors import CompileError, KloadError
 from .handle import HISTORY, Handle
 
 __all__ = ["load", "load_inline", "Handle", "CompileError", "KloadError", "HISTORY", "kernels"]
@@ -30,7 +29,11 @@ def load_ipython_extension(ipython):
 
 
 def __getattr__(name):
-    # `kload.kernels` (the shipped kernels) is imported on first use
+    # `kload.kernels` (the shipped kernels) and the exceptions are imported on first use
+    if name in ("CompileError", "KloadError"):
+        from . import errors
+
+        return getattr(errors, name)
     if name == "kernels":
         import importlib
 

@@ -149,6 +149,7 @@ def _compile_locked(plan_: Plan, store: Store) -> tuple[Entry, float]:
         again = store.lookup(plan_.skey)
         if again is not None:  # another process built it while we waited
             return again, 0.0
+        pchs = pch.Use(plan_, store)  # check the precompiled headers (and say if one is damaged)
         if ws.exists():
             _reset_interrupted(ws, name)
         ws.mkdir(mode=0o700, exist_ok=True)
@@ -173,7 +174,6 @@ def _compile_locked(plan_: Plan, store: Store) -> tuple[Entry, float]:
             sources.append(str(ns_src))
         artifact = ws / f"{name}.so"
         forget_stale_objects(ws)
-        pchs = pch.Use(plan_, store)
         started, since = time.perf_counter(), time.time()
         try:
             with BuildProgress(name, ws) as progress, launchers(store, plan_), pchs.held():

@@ -14,11 +14,15 @@ import threading
 
 from kload.cache import Entry
 
-from .errors import KloadError
-
 log = logging.getLogger("kload")
 
 _fixed_owner: dict[str, str] = {}          # TORCH_LIBRARY namespace -> key of the build that owns it
+
+
+def _error(text: str):
+    from .errors import KloadError  # only when something is refused: errors.py is not on the hit path
+
+    return KloadError(text)
 
 
 def ops_in_namespace(ns: str) -> set[str]:
@@ -43,7 +47,7 @@ def check_fixed_namespaces(name: str, namespaces: list[str], key: str | None) ->
         if owner is not None and owner == key:
             continue
         if owner is not None or ops_in_namespace(ns):
-            raise KloadError(
+            raise _error(
                 f"kload: {name!r} registers TORCH_LIBRARY({ns}, ...), and this process already has "
                 f"operators in namespace {ns!r}"
                 + (" from an earlier build of it" if owner else "")
@@ -75,7 +79,7 @@ def register_cuda_stubs(loaded: Loaded, name: str, reason: str):
                 libs.append(lib)
 
             def _no_cuda(*args, _op=op, **kwargs):
-                raise KloadError(
+                raise _error(
                     f"kload: {name}.{_op} was called with CUDA tensors, but {name!r} was built without "
                     f"its CUDA sources: {reason}"
                 )
@@ -159,7 +163,7 @@ def load_entry(entry: Entry, *, just_built: bool = False) -> Loaded:
         except (OSError, ImportError) as e:
             cause = e.__cause__ or e
             hint = f" (its CUDA sources were not built: {m['cuda_skipped']})" if m.get("cuda_skipped") else ""
-            raise KloadError(f"kload: cannot load {path}: {cause}{hint}") from None
+            raise _error(f"kload: cannot load {path}: {cause}{hint}") from None
         if fixed:
             claim_fixed_namespaces(fixed, entry.key)
         namespaces = ([m["namespace"]] if m.get("namespace") else []) + fixed

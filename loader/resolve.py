@@ -15,7 +15,6 @@ from pathlib import Path
 from kload.cache import Entry, fast_lookup
 
 from . import knobs
-from .errors import KloadError
 from .fingerprint import KEY_CODE, fingerprint
 from .library import check_fixed_namespaces
 from .options import Options
@@ -55,6 +54,7 @@ def resolve_full(opts: Options, root: Path, fast: tuple[str, str] | None) -> tup
         entry.touch()
     else:
         if knobs.disable_jit():
+            from .errors import KloadError
             from .explain import explain_plan
 
             reasons = explain_plan(p, store).reasons
