@@ -113,6 +113,8 @@ def explain_plan(plan_: Plan, store: Store) -> Explanation:
         return Explanation(False, nearest, reasons or ["the entry for these inputs is unusable (see the log)"])
     best, best_reasons = None, None
     for e in store.all_entries():
+        if e.manifest.get("kind") == "pch":  # a precompiled header is no candidate for a library
+            continue
         inputs = e.manifest.get("inputs") or {}
         reasons = describe(inputs, plan_.inputs, base)
         rank = (inputs.get("name") != plan_.name, len(reasons))
