@@ -25,10 +25,10 @@ from .errors import KloadError
 
 # -- build / explain ---------------------------------------------------------------------
 
-def _handle(args):
+def _handle(args, sources=None):
     from .api import load
 
-    return load(*args.sources, name=args.name, extra_cflags=sum((shlex.split(f) for f in args.cflags), []),
+    return load(*(sources or args.sources), name=args.name, extra_cflags=sum((shlex.split(f) for f in args.cflags), []),
                 extra_cuda_cflags=sum((shlex.split(f) for f in args.cuda_cflags), []),
                 extra_ldflags=sum((shlex.split(f) for f in args.ldflags), []),
                 extra_include_paths=args.include, debug=True if args.debug else None, reload=False)
@@ -56,27 +56,16 @@ def _precompile(args) -> None:
     use, in the foreground, and say where they are."""
     from kload.cache.store import Store
 
-    from .magic import PCH_CELL
-    from .pch import plans_for
+    from .api import cell_pch_source
+    from .pch import not_applicable, plans_for
     from .plan import plan
     from .precompile import build as build_pch
 
-    if not args.sources:
-        from .api import inline_folder, write_files
-
-        folder = inline_folder("kload_cell_pch", {"kload_cell_pch.cpp": PCH_CELL})
-        args.sources = [str(write_files(folder, {"kload_cell_pch.cpp": PCH_CELL})["kload_cell_pch.cpp"])]
-        args.name = args.name or "kload_cell"
-        sources = None
-    else:
-        sources = args.sources
     store = Store(knobs.cache_dir())
     store.prepare()
-    p = plan(_handle(args)._opts, store)
+    p = plan(_handle(args, args.sources or [cell_pch_source()])._opts, store)
     plans = plans_for(p, store)
     if not plans:
-        from .pch import not_applicable
-
         why = not_applicable(p) or "no source starts with #include <kload/kernel.h> or <torch/extension.h>"
         print(f"no precompiled header applies: {why}")
     for pp in plans:
@@ -84,8 +73,6 @@ def _precompile(args) -> None:
         entry = build_pch(pp.spec, wait=True)
         print(f"precompiled <{pp.header}> ({_human(entry.manifest['size'])}) in {time.perf_counter() - t:.1f} s: "
               f"{entry.path}")
-    if sources is None:
-        args.sources = []
 
 
 def cmd_explain(args) -> int:

@@ -91,3 +91,13 @@ def load_inline(name, cpp_sources, cuda_sources=None, **options) -> Handle:
     paths = write_files(inline_folder(name, files), files)
     options.setdefault("reload", False)  # strings do not change on disk
     return load(*paths.values(), name=name, **options)
+
+
+PCH_CELL = "#include <kload/kernel.h>\nKLOAD_LIBRARY(m) {}\n"
+
+
+def cell_pch_source() -> Path:
+    """An empty op library written as a %%kload cell is: what ``%load_ext kload`` and
+    ``kload build --pch`` precompile <kload/kernel.h> for (a cell's default flags)."""
+    files = {"kload_cell_pch.cpp": PCH_CELL}
+    return write_files(inline_folder("kload_cell_pch", files), files)["kload_cell_pch.cpp"]

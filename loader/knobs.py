@@ -89,6 +89,22 @@ def cache_max_size() -> int | None:
     return parse_size(os.environ.get("KLOAD_CACHE_MAX_SIZE") or DEFAULT_MAX_SIZE)
 
 
+def evict_after_build(store, keep: str) -> None:
+    """After a build published ``keep`` (an entry's directory name): evict least-recently-used
+    entries down to KLOAD_CACHE_MAX_SIZE. A bad value must not fail a build that succeeded."""
+    import logging
+
+    log = logging.getLogger("kload")
+    try:
+        limit = cache_max_size()
+    except ValueError as e:
+        log.warning("%s; KLOAD_CACHE_MAX_SIZE is ignored", e)
+        return
+    if limit is not None:
+        for gone in store.evict_to(limit, keep={keep}):
+            log.info("kload: evicted %s (least recently used; KLOAD_CACHE_MAX_SIZE)", gone.path.name)
+
+
 def disable_jit() -> bool:
     """``KLOAD_DISABLE_JIT=1``: load cached builds only; a miss is an error and nothing compiles."""
     return _flag("KLOAD_DISABLE_JIT")

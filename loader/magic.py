@@ -22,7 +22,7 @@ from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
 from . import knobs
-from .api import default_header, inline_folder, load, write_files
+from .api import cell_pch_source, default_header, inline_folder, load, write_files
 from .errors import CompileError, KloadError, diagnostic_lines
 from .handle import HISTORY
 from .options import check_name
@@ -107,9 +107,6 @@ class KloadMagics(Magics):
                   f"  {h['key'][:16]}")
 
 
-PCH_CELL = "#include <kload/kernel.h>\nKLOAD_LIBRARY(m) {}\n"
-
-
 def prebuild_cell_pch() -> list:
     """Start precompiling <kload/kernel.h> for cells with default flags, so that the
     first cell's edits find it ready; never an error (the cells compile anyway)."""
@@ -121,9 +118,7 @@ def prebuild_cell_pch() -> list:
         from .options import make_options
         from .pch import prebuild
 
-        folder = inline_folder("kload_cell_pch", {"kload_cell_pch.cpp": PCH_CELL})
-        src = write_files(folder, {"kload_cell_pch.cpp": PCH_CELL})["kload_cell_pch.cpp"]
-        opts = make_options("kload_cell", [src], [], [], [], [], False, None, False)
+        opts = make_options("kload_cell", [cell_pch_source()], [], [], [], [], False, None, False)
         return prebuild(opts, Store(knobs.cache_dir()))
     except Exception as e:  # noqa: BLE001 - a missing PCH only costs time
         logging.getLogger("kload").info("kload: not precompiling <kload/kernel.h> for cells: %s", e)

@@ -49,6 +49,13 @@ def entry_dir(store: Store, header: str, key: str) -> Path:
     return store.entries / f"pch-{_SLUG[header]}-{key[:16]}"
 
 
+def _lock(store: Store, key: str):
+    """The lock of one key's precompile: one at a time on the machine; dies with its holder."""
+    from filelock import FileLock
+
+    return FileLock(str(store.locks / f"pch-{key[:16]}.lock"), mode=0o600)
+
+
 class PchPlan:
     """One precompiled header for one build configuration."""
 
@@ -153,13 +160,13 @@ def build(spec: dict, *, wait: bool = False) -> Entry | None:
     """Build and publish the precompiled header ``spec`` describes (the body of a
     background build, and of ``kload build --pch``). Returns the entry, or None
     when another process holds its lock and ``wait`` is False."""
-    from filelock import FileLock, Timeout
+    from filelock import Timeout
 
     store = Store(Path(spec["root"]))
     store.prepare()
     header, key = spec["header"], spec["key"]
     pp = PchPlan(header, key, entry_dir(store, header, key), spec)
-    lock = FileLock(str(store.locks / f"pch-{key[:16]}.lock"), mode=0o600)
+    lock = _lock(store, key)
     try:
         lock.acquire(timeout=-1 if wait else 0)
     except Timeout:
@@ -192,7 +199,7 @@ def build(spec: dict, *, wait: bool = False) -> Entry | None:
         log.info("kload: precompiled <%s> in %.1f s (%.0f MB): %s", header, seconds,
                  entry.manifest["size"] / 1e6, entry.path)
         shutil.rmtree(ws, ignore_errors=True)
-        _evict(store, keep=entry.path.name)
+        knobs.evict_after_build(store, entry.path.name)
         return entry
     finally:
         lock.release()
@@ -228,16 +235,6 @@ def _publish(store: Store, pp: PchPlan, gch: Path, headers: dict, extra: dict) -
     return Entry(pp.path, manifest)
 
 
-def _evict(store: Store, keep: str) -> None:
-    try:
-        limit = knobs.cache_max_size()
-    except ValueError:
-        return
-    if limit is not None:
-        for gone in store.evict_to(limit, keep={keep}):
-            log.info("kload: evicted %s (least recently used; KLOAD_CACHE_MAX_SIZE)", gone.path.name)
-
-
 # -- in the background ----------------------------------------------------------------
 
 _started: dict[tuple[str, str], subprocess.Popen] = {}  # (cache root, key) -> a background build started here
@@ -255,7 +252,7 @@ def start(pp: PchPlan, store: Store) -> bool:
     """Build ``pp`` in the background unless this process already started it,
     another process holds its lock, or it failed before. True if a build was
     started. Never raises: without a precompiled header a build is only slower."""
-    from filelock import FileLock, Timeout
+    from filelock import Timeout
 
     running = _started.get((str(store.root), pp.key))
     if running is not None and running.poll() is None:
@@ -268,7 +265,7 @@ def start(pp: PchPlan, store: Store) -> bool:
         return False
     try:
         store.prepare()
-        lock = FileLock(str(store.locks / f"pch-{pp.key[:16]}.lock"), mode=0o600)
+        lock = _lock(store, pp.key)
         try:
             lock.acquire(timeout=0)
         except Timeout:

@@ -8,7 +8,6 @@ miss only, so a hit never loads them.
 """
 from __future__ import annotations
 
-import logging
 import time
 from pathlib import Path
 
@@ -18,8 +17,6 @@ from . import knobs
 from .fingerprint import KEY_CODE, fingerprint
 from .library import check_fixed_namespaces
 from .options import Options
-
-log = logging.getLogger("kload")
 
 
 def resolve_entry(opts: Options) -> tuple[Entry, str, float]:
@@ -72,14 +69,7 @@ def resolve_full(opts: Options, root: Path, fast: tuple[str, str] | None) -> tup
         entry, seconds = compile_plan(p, store)
         if seconds > 0:
             how = "built"
-            try:
-                limit = knobs.cache_max_size()
-            except ValueError as e:  # a bad KLOAD_CACHE_MAX_SIZE must not fail a build that succeeded
-                log.warning("%s; KLOAD_CACHE_MAX_SIZE is ignored", e)
-                limit = None
-            if limit is not None:
-                for gone in store.evict_to(limit, keep={entry.path.name}):
-                    log.info("kload: evicted %s (least recently used; KLOAD_CACHE_MAX_SIZE)", gone.path.name)
+            knobs.evict_after_build(store, entry.path.name)
     if fast is not None:
         fp, cxx = fast
         files: dict[str, str | None] = {str(s.path): s.sha256 for s in p.sources.sources}
