@@ -161,7 +161,7 @@ def _compile_locked(plan_: Plan, store: Store) -> tuple[Entry, float]:
             pass
         sources = [str(p) for p in plan_.built]
         namespace = None
-        if plan_.sources.op_library:
+        if plan_.sources.op_library and not plan_.sources.stable:  # stable ones are named at load
             namespace = f"kload_{name}_{uuid.uuid4().hex[:10]}"
             ns_src = ws / NS_SOURCE
             write_atomic(
@@ -187,6 +187,8 @@ def _compile_locked(plan_: Plan, store: Store) -> tuple[Entry, float]:
             raise
         finally:
             pchs.start_missing()  # the next edit compiles with them
+        if plan_.sources.stable:
+            check_stable_imports(artifact, name)
         headers, stamps = header_closure(ws, plan_, deps, pchs)
         write_json_atomic(ws / RECORD, {**headers, **{s["path"]: s["sha256"] for s in plan_.inputs["sources"]}})
         key = full_key(plan_.skey, headers)
@@ -201,11 +203,35 @@ def _compile_locked(plan_: Plan, store: Store) -> tuple[Entry, float]:
                 "cuda_built": plan_.with_cuda,
                 "cuda_skipped": plan_.cuda_skipped,
                 "build_seconds": round(seconds, 3),
+                "stable_target": plan_.inputs["torch"].get("stable_abi"),
                 "pch": notes,
                 "inputs": plan_.inputs,
             },
         )
         return entry, seconds
+
+
+# Undefined symbols that tie a library to one torch build or one Python (demangled by nm -C)
+_VERSIONED_SYMBOL = r"(?:^|[^\w:])(?:at|c10|torch|caffe2|pybind11)::|^_?Py"
+
+
+def check_stable_imports(artifact: Path, name: str) -> None:
+    """A stable-ABI entry is keyed without the torch build and Python: make sure the
+    binary imports neither (only the C shims aoti_torch_* / torch_*, libc, libstdc++)."""
+    import re
+
+    proc = subprocess.run(["nm", "-D", "-C", "--undefined-only", str(artifact)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise KloadError(f"kload: cannot list the symbols {artifact} imports (nm): {proc.stderr.strip()}")
+    bad = [line.split(None, 1)[-1] for line in proc.stdout.splitlines()
+           if re.search(_VERSIONED_SYMBOL, line.split(None, 1)[-1])]
+    if bad:
+        shown = "\n  ".join(bad[:5]) + (f"\n  ... and {len(bad) - 5} more" if len(bad) > 5 else "")
+        raise KloadError(
+            f"kload: {name!r} is built as a stable-ABI library (it includes kload/stable.h or torch/csrc/stable/), "
+            f"but it imports symbols of torch's C++ API or of Python, which would tie it to this torch build:\n  "
+            f"{shown}\nInclude only <kload/stable.h>, torch/csrc/stable/ and torch/headeronly/ headers (a header of "
+            "ATen, c10, torch/library.h or pybind11 included by one of your own headers does this).")
 
 
 @contextmanager

@@ -102,6 +102,7 @@ def cmd_info(args) -> int:
         "created": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(m.get("created", 0))),
         "last_used": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e.last_used())),
         "build_seconds": m.get("build_seconds"), "style": m.get("style"), "namespace": m.get("namespace"),
+        "stable_target": m.get("stable_target"),
         "headers": m.get("headers"), "inputs": m.get("inputs"),
     }
     print(json.dumps(info, indent=2, ensure_ascii=False))

@@ -158,6 +158,10 @@ class Handle:
                 return False
             self.__dict__["_last_error"] = None
             self._record(entry, how, seconds)
+            if loaded.note:
+                from .progress import say
+
+                say(loaded.note)
             self.__dict__["_loaded"] = loaded
             self._drop_ops()
             self._watch()

@@ -72,6 +72,24 @@ def fast_link() -> bool:
 
 
 DEFAULT_MAX_SIZE = "10G"
+# torch 2.10 is the first release whose stable ABI has everything <kload/stable.h>
+# uses (torch_library_impl, empty, parallel_for, the headeronly dispatch)
+DEFAULT_STABLE_TARGET = "2.10"
+
+
+def stable_target() -> str:
+    """``KLOAD_STABLE_TARGET`` (default 2.10): the oldest torch a stable-ABI library
+    is built for (``-DTORCH_TARGET_VERSION``). Its cache entry loads in that release
+    and every later one; a newer target may use newer stable ops."""
+    return (os.environ.get("KLOAD_STABLE_TARGET") or DEFAULT_STABLE_TARGET).strip()
+
+
+def torch_release() -> tuple[int, int]:
+    """(major, minor) of the installed torch."""
+    import torch
+
+    major, minor = torch.__version__.split("+")[0].split(".")[:2]
+    return int(major), int(minor)
 
 
 def pch() -> bool:

@@ -88,6 +88,71 @@ def register_cuda_stubs(loaded: Loaded, name: str, reason: str):
     return libs
 
 
+# library name -> (namespace, schemas, kernels) of its last stable-ABI load in this process
+_stable_last: dict[str, tuple[str, tuple, frozenset]] = {}
+
+
+def load_stable(entry: Entry, path: str, fixed: list[str]) -> tuple[list[str], str | None]:
+    """Open a stable-ABI library and register its ops (see kload/stable.h).
+
+    A kload op library registers when asked, under a namespace chosen here:
+    ``kload_<name>_<key10>`` the first time; a later build of the same library
+    whose schemas are unchanged (and which drops no kernel) registers only its
+    kernels, under the namespace the process already has, so ``torch.ops.<ns>.<op>``
+    runs the new code. Plain STABLE_TORCH_LIBRARY code registers as it opens."""
+    import ctypes
+
+    import torch
+
+    m = entry.manifest
+    name = m["name"]
+    target = m.get("stable_target") or "2.10"
+    have = torch.__version__.split("+")[0]
+    if tuple(int(x) for x in have.split(".")[:2]) < tuple(int(x) for x in target.split(".")):
+        raise _error(f"kload: {name!r} is a stable-ABI build for torch {target} and later, and this torch is "
+                     f"{torch.__version__}: upgrade torch, or rebuild with KLOAD_STABLE_TARGET={have.rsplit('.', 1)[0]}")
+    try:
+        lib = ctypes.CDLL(path)
+    except OSError as e:
+        raise _error(f"kload: cannot load {path}: {e}") from None
+    if not hasattr(lib, "kload_stable_register"):  # STABLE_TORCH_LIBRARY(ns, m): registered on opening
+        return list(fixed), None
+    lib.kload_stable_describe.restype = ctypes.c_char_p
+    lib.kload_stable_register.restype = ctypes.c_char_p
+    lib.kload_stable_register.argtypes = [ctypes.c_char_p, ctypes.c_int]
+    schemas, kernels = [], set()
+    for line in lib.kload_stable_describe().decode("utf-8", "replace").splitlines():
+        kind, _, rest = line.partition("\t")
+        if kind == "error":
+            raise _error(f"kload: {name!r}: a KLOAD_LIBRARY/KLOAD_IMPL block failed: {rest}")
+        if kind == "def":
+            try:
+                torch._C.parse_schema(rest)
+            except RuntimeError as e:
+                raise _error(f"kload: {name!r} defines an invalid schema {rest!r}: {e}") from None
+            schemas.append(rest)
+        elif kind == "impl":
+            kernels.add(tuple(rest.split("\t", 1)))
+    schemas_t, kernels_f = tuple(sorted(schemas)), frozenset(kernels)
+    last = _stable_last.get(name)
+    note = None
+    if last is not None and last[1] == schemas_t and kernels_f >= last[2]:
+        ns, impl_only = last[0], 1
+        note = f"kload: {name}: schemas unchanged; the new kernels run under the same names (torch.ops.{ns})"
+    else:
+        ns, impl_only = f"kload_{name}_{entry.key[:10]}", 0
+        if ops_in_namespace(ns):  # cannot happen for one artifact; never register a namespace twice
+            ns = f"{ns}_{len(_stable_last)}"
+        if last is not None:
+            why = "its schemas changed" if last[1] != schemas_t else "it no longer has a kernel the last build had"
+            note = f"kload: {name}: {why}, so its ops are now in torch.ops.{ns} (torch.ops.{last[0]} keeps the last build)"
+    err = lib.kload_stable_register(ns.encode(), impl_only)
+    if err:
+        raise _error(f"kload: registering the ops of {name!r} failed: {err.decode('utf-8', 'replace')}")
+    _stable_last[name] = (ns, schemas_t, kernels_f)
+    return [ns] + list(fixed), note
+
+
 _load_lock = threading.RLock()
 _loaded: dict[str, "Loaded"] = {}          # artifact path -> what it registered
 
@@ -95,10 +160,11 @@ _loaded: dict[str, "Loaded"] = {}          # artifact path -> what it registered
 class Loaded:
     """What one artifact brought into this process."""
 
-    __slots__ = ("entry", "module", "namespaces", "_keepalive")
+    __slots__ = ("entry", "module", "namespaces", "note", "_keepalive")
 
-    def __init__(self, entry: Entry, module, namespaces: list[str]):
+    def __init__(self, entry: Entry, module, namespaces: list[str], note: str | None = None):
         self.entry, self.module, self.namespaces = entry, module, namespaces
+        self.note = note  # how a stable library was registered, when that is news (in place / new namespace)
         self._keepalive: list = []  # torch.library.Library objects that must outlive the handle
 
     def op_names(self) -> list[str]:
@@ -146,6 +212,15 @@ def load_entry(entry: Entry, *, just_built: bool = False) -> Loaded:
         import torch
 
         module = None
+        if "stable" in (m.get("style") or ""):
+            namespaces, note = load_stable(entry, path, fixed)
+            loaded = Loaded(entry, None, namespaces, note)
+            if fixed:
+                claim_fixed_namespaces(fixed, entry.key)
+            if m.get("cuda_skipped"):
+                loaded._keepalive.append(register_cuda_stubs(loaded, m["name"], m["cuda_skipped"]))
+            _loaded[path] = loaded
+            return loaded
         try:
             if m.get("python_module"):
                 from importlib.machinery import ExtensionFileLoader

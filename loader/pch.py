@@ -63,7 +63,9 @@ def plans_for(plan_: Plan, store: Store) -> list[PchPlan]:
         return []
     base = {k: plan_.inputs[k] for k in ("cflags", "include_paths", "kload_include", "with_cuda", "torch",
                                          "python", "cxx", "env", "host_cpu") if k in plan_.inputs}
-    kload_headers = {n: file_sha256(str(include_dir() / "kload" / n)) for n in ("kernel.h", "checks.h")}
+    kload_headers = {n: file_sha256(str(include_dir() / "kload" / n)) for n in ("kernel.h", "stable.h", "checks.h")}
+    if plan_.sources.stable:  # the library's key names only the stable ABI; a PCH holds this torch's headers
+        base["torch_build"] = toolchain.torch_identity()
     out = []
     for header in wanted:
         inputs = dict(base, header=header, kload_headers=kload_headers)
@@ -155,7 +157,7 @@ class Use:
             elif self.why_not is not None:
                 notes[base] = f"no precompiled header: {self.why_not}"
             elif header is None:
-                notes[base] = ("no precompiled header: it does not start with #include <kload/kernel.h> or "
+                notes[base] = ("no precompiled header: it does not start with #include <kload/kernel.h>, <kload/stable.h> or "
                                "<torch/extension.h> (only comments, blank lines and #line may come before)")
             elif header not in self.ready:
                 notes[base] = f"no precompiled <{header}> yet (it is built in the background)"

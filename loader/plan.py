@@ -50,6 +50,25 @@ CHECK_MACROS = {
 GCC_PARSE_FLAGS = ["--param=ggc-min-expand=100", "--param=ggc-min-heapsize=524288"]
 
 
+def stable_target(name: str) -> tuple[int, int]:
+    """The stable ABI version to build for (KLOAD_STABLE_TARGET), checked against this torch."""
+    text = knobs.stable_target()
+    try:
+        major, minor = (int(x) for x in text.split("."))
+    except ValueError:
+        raise KloadError(f"kload: KLOAD_STABLE_TARGET={text!r} is not a torch release like 2.10") from None
+    have = knobs.torch_release()
+    if (major, minor) < (2, 10):
+        raise KloadError(f"kload: KLOAD_STABLE_TARGET={text}: kload's stable-ABI support needs 2.10 or later")
+    if have < (major, minor):
+        raise KloadError(
+            f"kload: {name!r} uses the stable ABI (kload/stable.h or torch/csrc/stable/), built for torch "
+            f"{major}.{minor} and later (KLOAD_STABLE_TARGET), but the installed torch is {knobs.torch_identity()['version']}"
+            + (": torch's stable ABI for extensions starts at 2.10" if have < (2, 10) else
+               f"; set KLOAD_STABLE_TARGET={have[0]}.{have[1]} or upgrade torch"))
+    return major, minor
+
+
 def plan(opts: Options, store: Store) -> Plan:
     known = toolchain.memo(store.root)
     before = len(known)
@@ -61,6 +80,7 @@ def plan(opts: Options, store: Store) -> Plan:
     if not built:
         raise KloadError(f"kload: {opts.name!r} has only CUDA sources, and they cannot be built here: {reason}")
     with_cuda = any(s.is_cuda for s in built)
+    built_paths = {s.path for s in built}
     if reason and opts.name not in _said_cuda_skip:
         _said_cuda_skip.add(opts.name)
         log.warning("kload: building %r for the CPU only: %s", opts.name, reason)
@@ -88,6 +108,20 @@ def plan(opts: Options, store: Store) -> Plan:
         # after an -include'd file. (Quoted for the shell that runs torch's ninja file.)
         cflags += [shlex.quote(f"-D{m}(x)={CHECK_MACROS[m]}") for m in sset.missing_checks]
         cuda_cflags.append("-include " + shlex.quote(str(include_dir() / "kload" / "checks.h")))
+    torch_id, python_id, kload_inc = toolchain.torch_identity(), toolchain.python_identity(), str(include_dir())
+    if sset.stable:
+        # the stable ABI: built for the oldest torch it targets, keyed by that and not
+        # by this torch build or this Python (build.py checks the binary imports
+        # nothing else); kload's headers are keyed by content (the header closure)
+        target = stable_target(opts.name)
+        cflags.append("-DTORCH_TARGET_VERSION=0x%02x%02x000000000000" % target)
+        if with_cuda:
+            cflags.append("-DKLOAD_WITH_CUDA=1")  # the .cpp glue registers the CUDA kernels
+        ldflags.insert(0, "-Wl,--as-needed")  # no DT_NEEDED on libtorch_python and friends
+        torch_id = {"stable_abi": "%d.%d" % target, "cxx11_abi": torch_id["cxx11_abi"]}
+        if with_cuda:  # the CUDA runtime the kernels link (PyPI's torch went from 12 to 13 in 2.12)
+            torch_id["cuda_major"] = (toolchain.torch_identity()["cuda"] or "").split(".")[0]
+        python_id, kload_inc = None, "kload"
 
     inputs = {
         "name": opts.name,
@@ -97,13 +131,16 @@ def plan(opts: Options, store: Store) -> Plan:
         "cuda_cflags": cuda_cflags if with_cuda else [],
         "ldflags": ldflags,
         "include_paths": opts.include_paths,
-        "kload_include": str(include_dir()),
+        "kload_include": kload_inc,
         "with_cuda": with_cuda,
-        "torch": toolchain.torch_identity(),
-        "python": toolchain.python_identity(),
+        "torch": torch_id,
+        "python": python_id,
         "cxx": cxx,
         "env": toolchain.keyed_environment(),
     }
+    skipped = [s for s in sset.sources if s.path not in built_paths]
+    if skipped:  # [a.cpp] and [a.cpp, a.cu] are different libraries even where a.cu cannot build
+        inputs["not_built"] = [str(s.path) for s in skipped]  # paths: editing them here changes nothing
     if any("native" in f for f in cflags + cuda_cflags):
         inputs["host_cpu"] = toolchain.host_cpu()  # -march=native binaries run only where built
     if with_cuda:

@@ -42,7 +42,7 @@ from .options import include_dir
 
 log = logging.getLogger("kload")
 
-_SLUG = {"kload/kernel.h": "kernel_h", "torch/extension.h": "extension_h"}
+_SLUG = {"kload/kernel.h": "kernel_h", "kload/stable.h": "stable_h", "torch/extension.h": "extension_h"}
 
 
 def entry_dir(store: Store, header: str, key: str) -> Path:
@@ -75,8 +75,8 @@ class PchPlan:
 
 def header_file(header: str) -> str:
     """The real header that ``header`` names."""
-    if header == "kload/kernel.h":
-        return str(include_dir() / "kload" / "kernel.h")
+    if header.startswith("kload/"):
+        return str(include_dir() / header)
     import torch
 
     return str(Path(torch.__file__).parent / "include" / header)

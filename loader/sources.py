@@ -17,12 +17,18 @@ from .options import CUDA_SUFFIXES
 _COMMENTS = r"//[^\n]*|/\*.*?\*/"
 _OPLIB = r"\bKLOAD_(?:LIBRARY|FRAGMENT|IMPL)\s*\("
 _PYBIND = r"\bPYBIND11_MODULE\s*\("
-_FIXED_NS = r"\bTORCH_LIBRARY(?:_FRAGMENT|_IMPL)?\s*\(\s*(\w+)\s*,"
+_FIXED_NS = r"\b(?:STABLE_)?TORCH_LIBRARY(?:_FRAGMENT|_IMPL)?\s*\(\s*(\w+)\s*,"
+# the stable ABI's headers (kload/stable.h, torch/csrc/stable/, torch/headeronly/) and
+# the headers that tie a binary to one torch build; a set is "stable" when it
+# includes the first kind and none of the second
+_STABLE_INC = r"#\s*include\s*[<\"](?:kload/stable\.h|torch/csrc/stable/|torch/headeronly/)"
+_VERSIONED_INC = (r"#\s*include\s*[<\"](?:kload/kernel\.h|torch/extension\.h|torch/torch\.h|torch/library\.h|"
+                  r"torch/script\.h|torch/python\.h|torch/all\.h|ATen/|c10/|pybind11/|Python\.h)")
 _CHECK_USE = r"\b(CHECK_INPUT|CHECK_CUDA|CHECK_CONTIGUOUS)\s*\("
 _CHECK_DEF = r"(?m)^\s*#\s*define\s+(CHECK_INPUT|CHECK_CUDA|CHECK_CONTIGUOUS)\b"
-_KERNEL_H = r"#\s*include\s*[<\"]kload/kernel\.h[>\"]"
+_KERNEL_H = r"#\s*include\s*[<\"]kload/(?:kernel|stable)\.h[>\"]"  # both define the CHECK_* macros
 # headers kload can precompile (pch.py), when a source includes one first
-PCH_HEADERS = ("kload/kernel.h", "torch/extension.h")
+PCH_HEADERS = ("kload/kernel.h", "kload/stable.h", "torch/extension.h")
 _INCLUDE = r"#\s*include\s*[<\"]([^>\"]+)[>\"]"
 
 
@@ -39,7 +45,8 @@ class SourceSet:
         self.sources = sources
         self.op_library = False            # KLOAD_LIBRARY / KLOAD_IMPL: kload supplies the namespace
         self.python_module = False         # PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)
-        self.fixed_namespaces: list[str] = []  # TORCH_LIBRARY(ns, m)
+        self.fixed_namespaces: list[str] = []  # TORCH_LIBRARY(ns, m) / STABLE_TORCH_LIBRARY(ns, m)
+        self.stable = False                # only stable-ABI headers (kload/stable.h, torch/csrc/stable/)
         self.missing_checks: list[str] = []  # CHECK_* used but not defined (kload supplies them)
         self.first_includes: dict[str, str | None] = {}  # source -> the PCH_HEADERS header it starts with
         self.pch_headers: list[str] = []   # the PCH_HEADERS that any source includes, first or not
@@ -53,6 +60,8 @@ class SourceSet:
             parts.append("pybind11")
         if self.fixed_namespaces:
             parts.append("torch_library")
+        if self.stable:
+            parts.append("stable")
         return "+".join(parts)
 
     @property
@@ -70,7 +79,7 @@ def scan(paths: list[Path], memo: dict | None = None) -> SourceSet:
     for p in paths:
         data = p.read_bytes()
         out.sources.append(Source(p, hashlib.sha256(data).hexdigest(), p.suffix in CUDA_SUFFIXES))
-    memo_key = "scan4:" + ",".join(s.sha256 for s in out.sources)
+    memo_key = "scan5:" + ",".join(s.sha256 for s in out.sources)
     found = memo.get(memo_key) if memo is not None else None
     if found is None:
         found = _classify([s.path.read_bytes() for s in out.sources], [s.path for s in out.sources])
@@ -80,6 +89,7 @@ def scan(paths: list[Path], memo: dict | None = None) -> SourceSet:
     out.fixed_namespaces, out.missing_checks = list(found["fixed_namespaces"]), list(found["missing_checks"])
     out.first_includes = {str(s.path): h for s, h in zip(out.sources, found["first_includes"])}
     out.pch_headers = list(found["pch_headers"])
+    out.stable = found["stable"]
     return out
 
 
@@ -104,6 +114,7 @@ def _classify(blobs: list[bytes], paths: list[Path]) -> dict:
     includes_kernel_h = False
     firsts: list[str | None] = []
     pch_headers: set[str] = set()
+    stable_inc = versioned_inc = False
     for data, path in zip(blobs, paths):
         code = data.decode("utf-8", errors="replace")
         if "/" in code:
@@ -123,18 +134,22 @@ def _classify(blobs: list[bytes], paths: list[Path]) -> dict:
         if "CHECK_" in code:
             used.update(re.findall(_CHECK_USE, code))
             defined.update(re.findall(_CHECK_DEF, code))
-        includes_kernel_h |= "kload/kernel.h" in code and bool(re.search(_KERNEL_H, code))
+        includes_kernel_h |= "kload/" in code and bool(re.search(_KERNEL_H, code))
+        if "#" in code:
+            stable_inc |= bool(re.search(_STABLE_INC, code))
+            versioned_inc |= bool(re.search(_VERSIONED_INC, code))
     if not (out.op_library or out.python_module or out.fixed_namespaces):
         names = ", ".join(p.name for p in paths)
         raise KloadError(
             f"kload: no bindings found in {names}. Register ops with KLOAD_LIBRARY(m) / KLOAD_IMPL(CPU, m) "
-            "(#include <kload/kernel.h>), or write PYBIND11_MODULE(TORCH_EXTENSION_NAME, m), "
-            "or TORCH_LIBRARY(namespace, m)."
+            "(#include <kload/kernel.h>, or <kload/stable.h> for the stable ABI), or write "
+            "PYBIND11_MODULE(TORCH_EXTENSION_NAME, m), TORCH_LIBRARY(namespace, m) or STABLE_TORCH_LIBRARY(namespace, m)."
         )
     return {"op_library": out.op_library, "python_module": out.python_module,
             "fixed_namespaces": out.fixed_namespaces,
             "missing_checks": [] if includes_kernel_h else _missing_checks(used, defined), "first_includes": firsts,
-            "pch_headers": sorted(pch_headers)}
+            "pch_headers": sorted(pch_headers),
+            "stable": stable_inc and not versioned_inc and not out.python_module}
 
 
 def _missing_checks(used: set[str], defined: set[str]) -> list[str]:
