@@ -14,7 +14,18 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(PY) -m pip install -q -e ".[test]"
 	touch $@
 
-.PHONY: install demo test bench
+# the second torch release, for the upgrade check: a CUDA build (~5.5 GB) that runs on the CPU
+VENV_NEXT  ?= .venv-next
+TORCH_NEXT ?= torch==2.14.1
+
+$(VENV_NEXT)/.installed: pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV_NEXT)
+	$(VENV_NEXT)/bin/python -m pip install -q --upgrade pip
+	$(VENV_NEXT)/bin/python -m pip install -q "$(TORCH_NEXT)" numpy
+	$(VENV_NEXT)/bin/python -m pip install -q -e .
+	touch $@
+
+.PHONY: install demo test bench upgrade-check
 install: $(VENV)/.installed
 
 demo: $(VENV)/.installed
@@ -26,6 +37,13 @@ test: $(VENV)/.installed
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q ccache >/dev/null; } || \
 	  echo "note: ccache is not installed; its test will be skipped"
 	$(PY) -m pytest -q tests
+	$(MAKE) upgrade-check
+
+# one cache, two torch releases (tests/upgrade_check.py), then the .cu of every binding
+# style built and loaded under the CUDA build of torch (tests/cuda_check.py)
+upgrade-check: $(VENV)/.installed $(VENV_NEXT)/.installed
+	$(PY) tests/upgrade_check.py $(PY) $(VENV_NEXT)/bin/python
+	KLOAD_CACHE_DIR=$$(mktemp -d) $(VENV_NEXT)/bin/python tests/cuda_check.py
 
 # the benchmarks; the bench extra brings matplotlib (the kernels' chart) and the peers live.py runs
 bench: $(VENV)/.installed

@@ -22,16 +22,16 @@ handle's per-call cost close the table.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
-import textwrap
 import time
 from pathlib import Path
+
+from common import _wait_background, magic_rerun, py, watched_call
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -39,6 +39,15 @@ OP_FULL = """#include <kload/kernel.h>
 at::Tensor bump(const at::Tensor& x) { return x * 2 + VALUE; }
 KLOAD_LIBRARY(m) { m.def("bump(Tensor x) -> Tensor"); }
 KLOAD_IMPL(CPU, m) { m.impl("bump", &bump); }
+"""
+OP_STABLE = """#include <kload/stable.h>
+kload::Tensor bump(const kload::Tensor& x) {
+  kload::Tensor out = torch::stable::empty_like(x);
+  for (int64_t i = 0; i < x.numel(); ++i) out.mutable_data_ptr<float>()[i] = x.const_data_ptr<float>()[i] * 2 + VALUE;
+  return out;
+}
+KLOAD_LIBRARY(m) { m.def("bump(Tensor x) -> Tensor"); }
+KLOAD_IMPL(CPU, m) { m.impl("bump", TORCH_BOX(&bump)); }
 """
 OP_LEAN = "#define KLOAD_LEAN\n" + OP_FULL.replace("x * 2 + VALUE", "x.mul(2).add(VALUE)")
 CLASSIC = """#include <torch/extension.h>
@@ -145,14 +154,6 @@ print(json.dumps(time.perf_counter() - t))
 """
 
 
-def py(code: str, env: dict | None = None, timeout: float = 1800) -> dict:
-    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                          env={**os.environ, **(env or {})}, timeout=timeout)
-    if proc.returncode != 0:
-        raise RuntimeError(f"benchmark step failed:\n{proc.stdout}\n{proc.stderr}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
 def gcc_compile(cmd: str, cwd: str) -> tuple[float, int]:
     """Seconds and peak RSS of one compiler command."""
     code = ("import resource, subprocess, sys, time, json\nt = time.perf_counter()\n"
@@ -167,7 +168,8 @@ def row_specs(work: Path, cache: str, repeat: int) -> dict:
     specs = {}
     for key, text, env in (("lean", OP_LEAN, {"KLOAD_PCH": "0"}), ("full", OP_FULL, {"KLOAD_PCH": "0"}),
                            ("full_pch", OP_FULL, {}), ("classic", CLASSIC, {"KLOAD_PCH": "0"}),
-                           ("classic_pch", CLASSIC, {})):
+                           ("classic_pch", CLASSIC, {}), ("stable_nopch", OP_STABLE, {"KLOAD_PCH": "0"}),
+                           ("stable", OP_STABLE, {})):
         d = work / key
         d.mkdir()
         src = d / ("bump.cpp")
@@ -202,6 +204,8 @@ LABELS = {
     "torch": "classic, torch.utils.cpp_extension.load",
     "cppimport": "cppimport (pybind11 .cpp, no torch)",
     "tvm": "tvm-ffi load_inline (its TensorView style)",
+    "stable_nopch": "stable-ABI op library (kload/stable.h), no PCH",
+    "stable": "stable-ABI op library (kload/stable.h), PCH",
 }
 
 
@@ -220,7 +224,7 @@ def main() -> None:
     # the precompiled headers, built once up front (as `kload build --pch` does for an image)
     specs = row_specs(work, cache, args.repeat)
     pch_seconds = {}
-    for key in ("full_pch", "classic_pch"):
+    for key in ("full_pch", "classic_pch", "stable"):
         t = time.perf_counter()
         subprocess.run([sys.executable, "-m", "kload", "build", "--pch", str(work / key / "bump.cpp"),
                         "--name", f"bump_{key}"], check=True, env={**os.environ, "KLOAD_CACHE_DIR": cache},
@@ -236,7 +240,7 @@ def main() -> None:
             times[key] += res["times"]
             peaks[key] = max(peaks[key], res["peak"])
             notes[key] = res.get("pch", [])
-    for key in ("full_pch", "classic_pch"):
+    for key in ("full_pch", "classic_pch", "stable"):
         if not any(str(n).startswith("used the precompiled") for n in notes.get(key, [])):
             print(f"WARNING: row {key} did not use a precompiled header: {notes.get(key)}")
 
@@ -286,6 +290,7 @@ def main() -> None:
         print(f"  {text:<62} {value:6.2f}{unit}  (target <= {limit}{unit}: {'met' if ok else 'MISSED'})")
 
     target("op library, full API, PCH: edit -> result (median)", full_pch, 4.0, " s")
+    target("stable-ABI op library, PCH: edit -> result (median)", statistics.median(times["stable"]), 1.5, " s")
     target("  the same vs a plain g++ compile of its TU, no PCH", full_pch / statistics.median(plain), 0.40)
     print(f"  {'  (compile alone: PCH ' + f'{statistics.median(with_pch):.2f} s vs plain ' + f'{statistics.median(plain):.2f} s' + f' = {statistics.median(with_pch) / statistics.median(plain):.2f}x; peak {pch_peak / 2**30:.2f} vs {plain_peak / 2**30:.2f} GB)'}")
     target("classic with PCH vs without (edit -> result, medians)", classic_pch / classic, 0.6)
@@ -295,7 +300,7 @@ def main() -> None:
           f"{', '.join(f'{t:.1f}' for t in first['off'])} s with KLOAD_PCH=0)")
     print(f"  op library, full API, PCH vs no PCH (edit -> result, medians)   {full_pch / full:6.2f}x")
     print(f"precompiling (kload build --pch, with its source): <kload/kernel.h> {pch_seconds['full_pch']:.1f} s, "
-          f"<torch/extension.h> {pch_seconds['classic_pch']:.1f} s")
+          f"<torch/extension.h> {pch_seconds['classic_pch']:.1f} s, <kload/stable.h> {pch_seconds['stable']:.1f} s")
 
     rerun, per_call = magic_rerun(), watched_call(work, cache)
     print(f"%%kload cell, unchanged re-run (median of 9): {rerun * 1e3:.1f} ms  "
@@ -303,65 +308,6 @@ def main() -> None:
     print(f"per call: watched handle vs torch.ops: {per_call[0] * 1e6:.2f} vs {per_call[1] * 1e6:.2f} us = "
           f"{per_call[0] / per_call[1]:.2f}x (target <= 1.3x: {'met' if per_call[0] / per_call[1] <= 1.3 else 'MISSED'})")
     shutil.rmtree(work, ignore_errors=True)
-
-
-CELL = """at::Tensor twice(const at::Tensor& x) { return x * 2; }
-KLOAD_LIBRARY(m) { m.def("twice(Tensor x) -> Tensor"); }
-KLOAD_IMPL(CPU, m) { m.impl("twice", &twice); }"""
-
-
-def magic_rerun() -> float:
-    """The median of 9 re-runs of an unchanged %%kload cell, in a real Jupyter kernel."""
-    import nbformat
-    from nbclient import NotebookClient
-
-    C = nbformat.v4.new_code_cell
-    nb = nbformat.v4.new_notebook()
-    nb.cells = [
-        C("import time, json, statistics, torch, kload\n%load_ext kload"),
-        C(f"get_ipython().run_cell_magic('kload', 'twice', {CELL!r})"),
-        C("runs = []\nfor _ in range(9):\n    t = time.perf_counter()\n"
-          f"    get_ipython().run_cell_magic('kload', 'twice', {CELL!r})\n"
-          "    runs.append(time.perf_counter() - t)\n"
-          "print(json.dumps(statistics.median(runs)))"),
-    ]
-    NotebookClient(nb, timeout=900, kernel_name="python3").execute()
-    out = [o for o in nb.cells[2].outputs if o.get("name") == "stdout"][0]["text"]
-    return json.loads(out.strip().splitlines()[-1])
-
-
-PER_CALL = """
-import json, timeit, torch, kload
-ops = kload.load({src!r}, name="bump_full_pch", reload=True)
-x = torch.ones(4)
-ops.bump(x)
-direct = getattr(torch.ops, ops.namespace).bump
-n = 20000
-h = min(timeit.repeat(lambda: ops.bump(x), number=n, repeat=7)) / n
-d = min(timeit.repeat(lambda: direct(x), number=n, repeat=7)) / n
-print(json.dumps([h, d]))
-"""
-
-
-def watched_call(work: Path, cache: str) -> tuple[float, float]:
-    return tuple(py(PER_CALL.format(src=str(work / "full_pch" / "bump.cpp")), {"KLOAD_CACHE_DIR": cache}))
-
-
-def _wait_background(cache: str, timeout: float = 600) -> None:
-    """Wait until no background precompile of this cache runs."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        busy = False
-        for pid in (p for p in os.listdir("/proc") if p.isdigit()):
-            try:
-                cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
-            except OSError:
-                continue
-            if b"kload.precompile" in cmd and cache.encode() in cmd:
-                busy = True
-        if not busy:
-            return
-        time.sleep(0.5)
 
 
 if __name__ == "__main__":

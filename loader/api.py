@@ -40,12 +40,20 @@ def _as_text(value, what: str) -> str:
     raise TypeError(f"kload: {what} must be a string or a list of strings, got {type(value).__name__}")
 
 
-def default_header(text: str) -> str:
+_STABLE_WORDS = ("TORCH_BOX", "torch::stable::", "kload::Tensor", "STABLE_TORCH_LIBRARY")
+
+
+def default_header(text: str, stable: bool = False) -> str:
     """Like torch's load_inline: a source without a single #include gets the header
-    its binding style needs ("" when it has includes of its own)."""
+    its binding style needs ("" when it has includes of its own): <kload/stable.h>
+    when asked for or when the code is written against the stable ABI."""
     if "#include" in text:
         return ""
-    return "#include <torch/extension.h>\n" if "PYBIND11_MODULE" in text else "#include <kload/kernel.h>\n"
+    if "PYBIND11_MODULE" in text:
+        return "#include <torch/extension.h>\n"
+    if stable or any(w in text for w in _STABLE_WORDS):
+        return "#include <kload/stable.h>\n"
+    return "#include <kload/kernel.h>\n"
 
 
 def inline_folder(name: str, files: dict[str, str]) -> Path:
@@ -94,10 +102,13 @@ def load_inline(name, cpp_sources, cuda_sources=None, **options) -> Handle:
 
 
 PCH_CELL = "#include <kload/kernel.h>\nKLOAD_LIBRARY(m) {}\n"
+PCH_CELL_STABLE = "#include <kload/stable.h>\nKLOAD_LIBRARY(m) {}\n"
 
 
-def cell_pch_source() -> Path:
+def cell_pch_source(stable: bool = False) -> Path:
     """An empty op library written as a %%kload cell is: what ``%load_ext kload`` and
-    ``kload build --pch`` precompile <kload/kernel.h> for (a cell's default flags)."""
-    files = {"kload_cell_pch.cpp": PCH_CELL}
-    return write_files(inline_folder("kload_cell_pch", files), files)["kload_cell_pch.cpp"]
+    ``kload build --pch`` precompile <kload/kernel.h> (or <kload/stable.h>) for (a
+    cell's default flags)."""
+    fname = "kload_cell_pch_stable.cpp" if stable else "kload_cell_pch.cpp"
+    files = {fname: PCH_CELL_STABLE if stable else PCH_CELL}
+    return write_files(inline_folder(fname[:-4], files), files)[fname]

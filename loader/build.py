@@ -176,7 +176,7 @@ def _compile_locked(plan_: Plan, store: Store) -> tuple[Entry, float]:
         forget_stale_objects(ws)
         started, since = time.perf_counter(), time.time()
         try:
-            with BuildProgress(name, ws) as progress, launchers(store, plan_), pchs.held():
+            with BuildProgress(name, ws) as progress, launchers(store, plan_), cuda_toolkit(plan_), pchs.held():
                 _run_torch_build(plan_, ws, sources, pchs.cflags())
                 seconds = time.perf_counter() - started
                 deps = ninja_deps(ws)
@@ -272,6 +272,36 @@ def launchers(store: Store, plan_: Plan):
                 os.environ[k] = v
 
 
+@contextmanager
+def cuda_toolkit(plan_: Plan):
+    """For a build with CUDA sources: point torch's loader at the real toolkit (it
+    fixes CUDA_HOME at import, from the nvcc on PATH, which may be a wrapper), and
+    give it an architecture list where there is no GPU to ask."""
+    if not plan_.with_cuda:
+        yield
+        return
+    from torch.utils import cpp_extension
+
+    home = toolchain.find_cuda_home()
+    saved_home, saved_arch = cpp_extension.CUDA_HOME, os.environ.get("TORCH_CUDA_ARCH_LIST")
+    arch = plan_.inputs.get("cuda_arch", "")
+    try:
+        cpp_extension.CUDA_HOME = home
+        if arch.startswith("default:"):
+            os.environ["TORCH_CUDA_ARCH_LIST"] = arch.split(":", 1)[1]
+            from .progress import say
+
+            say(f"kload: no GPU here and TORCH_CUDA_ARCH_LIST is unset: building {plan_.name}'s CUDA code for "
+                f"{os.environ['TORCH_CUDA_ARCH_LIST']} (set TORCH_CUDA_ARCH_LIST for other GPUs)")
+        yield
+    finally:
+        cpp_extension.CUDA_HOME = saved_home
+        if saved_arch is None:
+            os.environ.pop("TORCH_CUDA_ARCH_LIST", None)
+        else:
+            os.environ["TORCH_CUDA_ARCH_LIST"] = saved_arch
+
+
 def _run_torch_build(plan_: Plan, ws: Path, sources: list[str], pch_cflags: list[str]) -> None:
     _ensure_ninja_on_path()
     from torch.utils import cpp_extension
@@ -283,6 +313,8 @@ def _run_torch_build(plan_: Plan, ws: Path, sources: list[str], pch_cflags: list
         versioner.entries.pop(plan_.name, None)
     log_path = ws / "build.log"
     kload_include = "-I" + shlex.quote(str(include_dir()))
+    # the CUDA headers of a PyPI torch, after the toolkit's own (not keyed: torch's identity covers them)
+    cuda_includes = [f"-isystem {shlex.quote(p)}" for p in toolchain.pip_cuda_includes()] if plan_.with_cuda else []
     try:
         cpp_extension.load(
             name=plan_.name,
@@ -290,8 +322,8 @@ def _run_torch_build(plan_: Plan, ws: Path, sources: list[str], pch_cflags: list
             # copies: torch appends its own flags to these lists, and the manifest records ours
             # kload's include directory through the flags, so that g++ finds the
             # precompiled headers' directories ahead of it (and nvcc does not)
-            extra_cflags=list(plan_.cflags) + pch_cflags + [kload_include],
-            extra_cuda_cflags=list(plan_.cuda_cflags) + [kload_include],
+            extra_cflags=list(plan_.cflags) + pch_cflags + [kload_include] + cuda_includes,
+            extra_cuda_cflags=list(plan_.cuda_cflags) + [kload_include] + cuda_includes,
             extra_ldflags=list(plan_.ldflags),
             extra_include_paths=list(plan_.opts.include_paths),
             build_directory=str(ws),

@@ -1,7 +1,7 @@
 """IPython/Jupyter magics: ``%load_ext kload``, then
 
-    %%kload NAME [--cuda] [--cflags="-O3 ..."] [-I DIR] [--debug]
-    <C++ or CUDA, either binding style>
+    %%kload NAME [--cuda] [--stable] [--cflags="-O3 ..."] [-I DIR] [--debug]
+    <C++ or CUDA, any binding style>
 
 builds the cell (or finds it in the cache) and binds ``NAME`` to its handle, and
 
@@ -65,6 +65,9 @@ class KloadMagics(Magics):
     @argument("--ldflags", default="", help="extra linker flags, one quoted string")
     @argument("-I", dest="include", action="append", default=[], help="an include directory (repeatable)")
     @argument("--debug", action="store_true", help="build with -g -O0 (CUDA: -G) for gdb")
+    @argument("--stable", action="store_true",
+              help="the cell is written against the stable ABI (#include <kload/stable.h> is added; "
+                   "found on its own where the cell uses TORCH_BOX or torch::stable::)")
     @cell_magic
     def kload(self, line, cell):
         """Compile the cell's C++/CUDA (or find it in the cache) and bind NAME to it."""
@@ -79,7 +82,7 @@ class KloadMagics(Magics):
         folder = inline_folder(name, {f"{name}.cell": cell_text, "suffix": suffix})
         cell_file = str(folder / f"{name}.cell")
         quoted = cell_file.replace("\\", "\\\\").replace('"', '\\"')
-        source_text = default_header(cell) + f'#line 2 "{quoted}"\n' + cell
+        source_text = default_header(cell, stable=args.stable) + f'#line 2 "{quoted}"\n' + cell
         source = write_files(folder, {f"{name}.cell": cell_text, f"{name}{suffix}": source_text})[name + suffix]
         try:
             handle = load(source, name=name, extra_cflags=flags[0], extra_cuda_cflags=flags[1],
@@ -108,21 +111,25 @@ class KloadMagics(Magics):
 
 
 def prebuild_cell_pch() -> list:
-    """Start precompiling <kload/kernel.h> for cells with default flags, so that the
-    first cell's edits find it ready; never an error (the cells compile anyway)."""
+    """Start precompiling <kload/kernel.h> and <kload/stable.h> for cells with default
+    flags, so that the first cell's edits find them ready; never an error (the cells
+    compile anyway)."""
     import logging
 
-    try:
-        from kload.cache.store import Store
+    started = []
+    for stable in (False, True):
+        try:
+            from kload.cache.store import Store
 
-        from .options import make_options
-        from .pch import prebuild
+            from .options import make_options
+            from .pch import prebuild
 
-        opts = make_options("kload_cell", [cell_pch_source()], [], [], [], [], False, None, False)
-        return prebuild(opts, Store(knobs.cache_dir()))
-    except Exception as e:  # noqa: BLE001 - a missing PCH only costs time
-        logging.getLogger("kload").info("kload: not precompiling <kload/kernel.h> for cells: %s", e)
-        return []
+            opts = make_options("kload_cell", [cell_pch_source(stable)], [], [], [], [], False, None, False)
+            started += prebuild(opts, Store(knobs.cache_dir()))
+        except Exception as e:  # noqa: BLE001 - a missing PCH only costs time (stable.h: torch < 2.10)
+            logging.getLogger("kload").info("kload: not precompiling %s for cells: %s",
+                                            "<kload/stable.h>" if stable else "<kload/kernel.h>", e)
+    return started
 
 
 def load_ipython_extension(ipython) -> None:

@@ -57,15 +57,59 @@ def has_gold(cache_root: Path) -> bool:
     return path is not None
 
 
+def _toolkit(home: str | os.PathLike) -> bool:
+    return Path(home, "bin", "nvcc").exists() and Path(home, "include", "cuda_runtime.h").exists()
+
+
+@lru_cache(maxsize=None)
+def _toolkit_behind(nvcc: str) -> str | None:
+    """The toolkit an ``nvcc`` on PATH belongs to: its own folder's parent, or, for a
+    wrapper script (``exec /usr/local/cuda-13.0/bin/nvcc "$@"``), the one it runs."""
+    real = Path(nvcc).resolve()
+    if _toolkit(real.parent.parent):
+        return str(real.parent.parent)
+    try:
+        if real.stat().st_size < 65536:
+            import re
+
+            for found in re.findall(r"(/[^\s'\"]+)/bin/nvcc\b", real.read_text(errors="replace")):
+                if _toolkit(found):
+                    return found
+    except OSError:
+        pass
+    return None
+
+
 def find_cuda_home() -> str | None:
-    """Where nvcc lives, found the way torch.utils.cpp_extension finds it."""
+    """The CUDA toolkit: CUDA_HOME / CUDA_PATH, else the one behind the nvcc on PATH
+    (through symlinks and wrapper scripts), else /usr/local/cuda. (torch guesses the
+    parent of the nvcc on PATH, which for a wrapper in /usr/local/bin is /usr/local.)"""
     home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
     if home:
         return home
     nvcc = shutil.which("nvcc")
     if nvcc:
-        return str(Path(nvcc).resolve().parent.parent)
+        found = _toolkit_behind(nvcc)
+        if found:
+            return found
     return "/usr/local/cuda" if Path("/usr/local/cuda/bin/nvcc").exists() else None
+
+
+def pip_cuda_includes() -> list[str]:
+    """The CUDA headers that came with a PyPI torch (nvidia/cu13/include, or
+    nvidia/<lib>/include for CUDA 12): torch's CUDA headers include cusparse.h and
+    cublas_v2.h, which a toolkit without those libraries lacks. Searched after the
+    toolkit's own headers."""
+    import torch
+
+    root = Path(torch.__file__).resolve().parent.parent / "nvidia"
+    return sorted(str(p) for p in root.glob("*/include") if p.is_dir()) if root.is_dir() else []
+
+
+# With no GPU to ask and no TORCH_CUDA_ARCH_LIST, torch's loader fails with an
+# IndexError. kload builds for A100 (8.0) and H100/H200 (9.0), plus PTX that newer
+# GPUs compile at load; TORCH_CUDA_ARCH_LIST overrides it.
+DEFAULT_CUDA_ARCHS = "8.0;9.0+PTX"
 
 
 def cuda_unavailable_reason() -> str | None:
@@ -80,7 +124,8 @@ def cuda_unavailable_reason() -> str | None:
 
 
 def cuda_arch_list() -> str:
-    """The GPU architectures a CUDA build targets (part of the key)."""
+    """The GPU architectures a CUDA build targets (part of the key): TORCH_CUDA_ARCH_LIST,
+    else those of the GPUs here, else DEFAULT_CUDA_ARCHS."""
     explicit = os.environ.get("TORCH_CUDA_ARCH_LIST")
     if explicit:
         return explicit
@@ -89,7 +134,7 @@ def cuda_arch_list() -> str:
     if torch.cuda.is_available():
         caps = sorted({torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())})
         return "detected:" + ";".join(f"{a}.{b}" for a, b in caps)
-    return "torch-default"
+    return "default:" + DEFAULT_CUDA_ARCHS
 
 
 _memo: dict[str, dict] = {}

@@ -271,6 +271,39 @@ inline void check_same(const Tensor& a, const Tensor& b, const char* op) {
 
 }  // namespace kload
 
+// -- CUDA, from the .cpp glue (g++, no CUDA header) ------------------------------
+// A stable CUDA op is two files: <op>.cu holds the kernels and an extern "C"
+// launcher and includes no torch header (nvcc compiles it in ~1 s); <op>.cpp checks
+// the inputs, allocates, and calls the launcher on the current stream under a
+// device guard. kload defines KLOAD_WITH_CUDA for the .cpp when the .cu is built.
+#ifdef KLOAD_WITH_CUDA
+#include <torch/csrc/stable/accelerator.h>
+extern "C" AOTITorchError aoti_torch_get_current_cuda_stream(int32_t device_index, void** ret_stream);
+
+namespace kload {
+
+// Makes x's GPU current for this scope (torch's device guard).
+using DeviceGuard = torch::stable::accelerator::DeviceGuard;
+
+// The current CUDA stream of x's device, as the cudaStream_t a launcher takes.
+inline void* cuda_stream(const Tensor& x) {
+  void* stream = nullptr;
+  STD_TORCH_CHECK(aoti_torch_get_current_cuda_stream(x.get_device_index(), &stream) == AOTI_TORCH_SUCCESS,
+                  "could not get the current CUDA stream of ", device_str(x));
+  return stream;
+}
+
+}  // namespace kload
+
+// A launcher returns nullptr, or the CUDA error string of its launch.
+#define KLOAD_CHECK_LAUNCH(call)                                              \
+  do {                                                                        \
+    const char* kload_launch_error_ = (call);                                 \
+    STD_TORCH_CHECK(kload_launch_error_ == nullptr, #call ": CUDA error: ", \
+                    kload_launch_error_ ? kload_launch_error_ : "");          \
+  } while (0)
+#endif  // KLOAD_WITH_CUDA
+
 // Dtype dispatch over the headeronly ScalarType: `scalar_t` inside the body.
 //   KLOAD_DISPATCH_FLOATING(x.scalar_type(), "op", [&] { kernel<scalar_t>(...); });
 #define KLOAD_DISPATCH_FLOATING(type, name, ...) THO_DISPATCH_V2(type, name, AT_WRAP(__VA_ARGS__), AT_FLOATING_TYPES)
