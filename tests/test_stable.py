@@ -202,3 +202,28 @@ def test_cache_info_shows_the_stable_target(sadd):
     h, _ = sadd
     proc = kload_cli("cache", "info", h._loaded.entry.key[:16])
     assert json.loads(proc.stdout)["stable_target"] == "2.10"
+
+
+def test_stable_cells_in_a_notebook(tmp_path):
+    import nbformat
+    from test_live import run_notebook, texts
+
+    C = nbformat.v4.new_code_cell
+    body = ('kload::Tensor f(const kload::Tensor& x) {\n'
+            '  kload::Tensor out = torch::stable::empty_like(x);\n'
+            '  for (int64_t i = 0; i < x.numel(); ++i) out.mutable_data_ptr<float>()[i] = x.const_data_ptr<float>()[i] * FACTOR;\n'
+            '  return out;\n'
+            '}\n'
+            'KLOAD_LIBRARY(m) { m.def("f(Tensor x) -> Tensor"); }\n'
+            'KLOAD_IMPL(CPU, m) { m.impl("f", TORCH_BOX(&f)); }')
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [
+        C("import torch, kload\n%load_ext kload"),
+        C("%%kload sc --stable\n" + body.replace("FACTOR", "2")),
+        C("ns1 = sc.namespace\nprint('v1', sc.f(torch.ones(2)).tolist(), sc._loaded.entry.manifest['style'])"),
+        C("%%kload sc\n" + body.replace("FACTOR", "10")),  # found to be stable from the code itself
+        C("print('v2', sc.f(torch.ones(2)).tolist(), sc.namespace == ns1)"),
+    ]
+    run_notebook(nb, tmp_path)
+    assert "v1 [2.0, 2.0] op_library+stable" in texts(nb.cells[2])
+    assert "v2 [10.0, 10.0] True" in texts(nb.cells[4])  # in place: the same op names run the new code
