@@ -88,8 +88,20 @@ def register_cuda_stubs(loaded: Loaded, name: str, reason: str):
     return libs
 
 
-# library name -> (namespace, schemas, kernels) of its last stable-ABI load in this process
+# library identity -> (namespace, schemas, kernels) of its last stable-ABI load in this process
 _stable_last: dict[str, tuple[str, tuple, frozenset]] = {}
+
+
+def library_identity(m: dict) -> str:
+    """What stays the same across edits of one library: its name and its source files
+    (a cell's or load_inline's files are named by their content, so there the name)."""
+    import os
+
+    from . import knobs
+
+    inline = os.path.join(str(knobs.cache_dir()), "inline", "")
+    paths = [s["path"] for s in m["inputs"]["sources"]] + list(m["inputs"].get("not_built") or [])
+    return m["name"] + "|" + ",".join(sorted("<inline>" if p.startswith(inline) else p for p in paths))
 
 
 def load_stable(entry: Entry, path: str, fixed: list[str]) -> tuple[list[str], str | None]:
@@ -134,7 +146,8 @@ def load_stable(entry: Entry, path: str, fixed: list[str]) -> tuple[list[str], s
         elif kind == "impl":
             kernels.add(tuple(rest.split("\t", 1)))
     schemas_t, kernels_f = tuple(sorted(schemas)), frozenset(kernels)
-    last = _stable_last.get(name)
+    ident = library_identity(m)
+    last = _stable_last.get(ident)
     note = None
     if last is not None and last[1] == schemas_t and kernels_f >= last[2]:
         ns, impl_only = last[0], 1
@@ -149,7 +162,7 @@ def load_stable(entry: Entry, path: str, fixed: list[str]) -> tuple[list[str], s
     err = lib.kload_stable_register(ns.encode(), impl_only)
     if err:
         raise _error(f"kload: registering the ops of {name!r} failed: {err.decode('utf-8', 'replace')}")
-    _stable_last[name] = (ns, schemas_t, kernels_f)
+    _stable_last[ident] = (ns, schemas_t, kernels_f)
     return [ns] + list(fixed), note
 
 

@@ -227,3 +227,14 @@ def test_stable_cells_in_a_notebook(tmp_path):
     run_notebook(nb, tmp_path)
     assert "v1 [2.0, 2.0] op_library+stable" in texts(nb.cells[2])
     assert "v2 [10.0, 10.0] True" in texts(nb.cells[4])  # in place: the same op names run the new code
+
+
+def test_two_libraries_of_one_name_never_replace_each_others_kernels(tmp_path):
+    # same name, same schema, different files: not an edit of one library
+    one = kload.load(sadd_source(tmp_path / "one", offset=1), name="sadd_twin", reload=False)
+    two = kload.load(sadd_source(tmp_path / "two", offset=2), name="sadd_twin", reload=False)
+    a = torch.zeros(4)
+    torch.testing.assert_close(one.sadd(a, a), a + 1)
+    torch.testing.assert_close(two.sadd(a, a), a + 2)
+    torch.testing.assert_close(one.sadd(a, a), a + 1)
+    assert one.namespace != two.namespace
