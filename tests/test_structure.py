@@ -19,7 +19,7 @@ ORDER = [
     "kload.fingerprint", "kload.toolchain", "kload.sources",       # 2 fingerprint and key inputs
     "kload.plan", "kload.explain",                                 # 3 plan, source key
     "kload.precompile", "kload.pch",                               # 4 precompiled headers
-    "kload.progress", "kload.build",                               # 4 build
+    "kload.progress", "kload.compilers", "kload.build",            # 4 build
     "kload.library",                                               # 5 load a library into the process
     "kload.resolve",                                               # 6 hit record / full lookup / build
     "kload.watch", "kload.handle",                                 # 7 the user's Handle
