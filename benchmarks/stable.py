@@ -17,9 +17,7 @@ import argparse
 import os
 import statistics
 import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
 
 from common import _wait_background, py

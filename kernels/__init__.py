@@ -33,7 +33,8 @@ _handles: dict[str, kload.Handle] = {}
 
 
 def sources(op: str) -> list[Path]:
-    """The sources of one shipped op: <op>.cpp (schema, CPU, Meta) and <op>.cu (CUDA)."""
+    """The sources of one shipped op, on torch's stable ABI: <op>.cpp (schema, CPU and Meta
+    kernels, and the glue of the CUDA kernels) and <op>.cu (CUDA kernels, no torch header)."""
     folder = _HERE / op
     return sorted(folder.glob("*.cpp")) + sorted(folder.glob("*.cu"))
 

@@ -203,6 +203,8 @@ def _compile_locked(plan_: Plan, store: Store) -> tuple[Entry, float]:
                 "cuda_skipped": plan_.cuda_skipped,
                 "build_seconds": round(seconds, 3),
                 "stable_target": plan_.inputs["torch"].get("stable_abi"),
+                # every source, built or not (a hit record keeps this, not the inputs)
+                "source_paths": [str(s.path) for s in plan_.sources.sources],
                 "pch": notes,
                 "inputs": plan_.inputs,
             },

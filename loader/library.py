@@ -100,7 +100,9 @@ def library_identity(m: dict) -> str:
     from . import knobs
 
     inline = os.path.join(str(knobs.cache_dir()), "inline", "")
-    paths = [s["path"] for s in m["inputs"]["sources"]] + list(m["inputs"].get("not_built") or [])
+    paths = m.get("source_paths")
+    if paths is None:  # an entry of before source_paths: its full manifest has the inputs
+        paths = [s["path"] for s in m["inputs"]["sources"]] + list(m["inputs"].get("not_built") or [])
     return m["name"] + "|" + ",".join(sorted("<inline>" if p.startswith(inline) else p for p in paths))
 
 

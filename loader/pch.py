@@ -1,15 +1,17 @@
 """Step 4 of a load, before the compile: which precompiled headers a build uses.
 
-A source whose first #include is <kload/kernel.h> or <torch/extension.h> can be
+A source whose first #include is <kload/kernel.h>, <kload/stable.h> or
+<torch/extension.h> can be
 compiled with that header precompiled (precompile.py makes and checks one per
 compiler and flag set). kload puts each such entry's directory on g++'s include
 path ahead of its own, whether the entry exists yet or not, so the command line
 (and with it ninja's view of the build) does not change when it appears. GCC
 looks for ``kload/kernel.h.gch`` there first and loads it when it may (same
 compiler binary, flags and macros); else, or when the directory does not exist
-yet, it opens the stub beside it, which includes the real header. The stub is
-therefore in a compile's dependency file exactly when the precompiled header was
-not used: that is how kload knows, and says, which.
+yet, it opens the stub beside it, which includes the real header. The real header
+is therefore in a compile's dependency file exactly when the precompiled header
+was not used (a second #include of it after the .gch opens only the stub, which
+is guarded like the header): that is how kload knows, and says, which.
 
 The key holds everything that decides whether GCC may use the file: the
 compiler's identity, the flags, include paths and macros of the compile, torch's
@@ -30,7 +32,7 @@ from kload.cache import SCHEMA, Entry
 from kload.cache.key import digest, file_sha256
 from kload.cache.store import Store
 
-from . import knobs, toolchain
+from . import knobs, precompile, toolchain
 from .options import include_dir
 from .plan import Plan
 from .precompile import PchPlan, check, entry_dir, start
@@ -76,6 +78,11 @@ def plans_for(plan_: Plan, store: Store) -> list[PchPlan]:
                 "with_cuda": plan_.with_cuda}
         out.append(PchPlan(header, key, entry_dir(store, header, key), spec))
     return out
+
+
+def _opened_real_header(header: str, files: list[str]) -> bool:
+    real = os.path.realpath(precompile.header_file(header))
+    return any(os.path.realpath(f) == real for f in files)
 
 
 # Below this many cores a missing precompiled header is built after the compile
@@ -141,7 +148,8 @@ class Use:
 
     def report(self, deps: dict[str, list[str]], ws: Path, since: float) -> dict[str, str]:
         """For each C++ source: whether its compile used a precompiled header, and
-        if not, why. A compile opened the stub exactly when GCC did not use the .gch.
+        if not, why. A compile opened the real header exactly when GCC did not use the
+        .gch (a second #include opens the stub, whose guard then skips the header).
         ``since``: the build's start (time.time()); older objects were not recompiled."""
         notes = {}
         plans = {pp.header: pp for pp in self.plans}
@@ -161,7 +169,7 @@ class Use:
                                "<torch/extension.h> (only comments, blank lines and #line may come before)")
             elif header not in self.ready:
                 notes[base] = f"no precompiled <{header}> yet (it is built in the background)"
-            elif str(plans[header].stub) in deps.get(obj, []):
+            elif _opened_real_header(header, deps.get(obj, [])):
                 notes[base] = self._refused(plans[header])
             else:
                 notes[base] = f"used the precompiled <{header}> ({self.ready[header].path.name})"

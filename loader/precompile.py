@@ -45,6 +45,11 @@ log = logging.getLogger("kload")
 _SLUG = {"kload/kernel.h": "kernel_h", "kload/stable.h": "stable_h", "torch/extension.h": "extension_h"}
 
 
+# include guards of kload's headers (torch/extension.h has #pragma once, which GCC's
+# PCH remembers)
+_GUARD = {"kload/kernel.h": "KLOAD_KERNEL_H_", "kload/stable.h": "KLOAD_STABLE_H_"}
+
+
 def entry_dir(store: Store, header: str, key: str) -> Path:
     return store.entries / f"pch-{_SLUG[header]}-{key[:16]}"
 
@@ -215,8 +220,12 @@ def _publish(store: Store, pp: PchPlan, gch: Path, headers: dict, extra: dict) -
         final = staging / (pp.header + ".gch")
         os.replace(gch, final)
         os.chmod(final, 0o600)
-        write_atomic(staging / pp.header, f"// kload: the precompiled <{pp.header}> was not used here\n"
-                                          f"#include_next <{pp.header}>\n")
+        # guarded like the header itself: a second #include after the .gch was used opens
+        # the stub but not the real header (pch.py tells "used" from "not used" by that)
+        guard = _GUARD.get(pp.header)
+        body = f"#include_next <{pp.header}>\n"
+        write_atomic(staging / pp.header, f"// kload: the stub of the precompiled <{pp.header}>\n"
+                     + (f"#ifndef {guard}\n{body}#endif\n" if guard else body))
         st = os.stat(final)
         manifest = dict(extra, schema=SCHEMA, kind="pch", name=f"pch:{pp.header}", header=pp.header, key=pp.key,
                         source_key=pp.key, artifact=pp.header + ".gch", size=st.st_size,

@@ -238,3 +238,18 @@ def test_two_libraries_of_one_name_never_replace_each_others_kernels(tmp_path):
     torch.testing.assert_close(two.sadd(a, a), a + 2)
     torch.testing.assert_close(one.sadd(a, a), a + 1)
     assert one.namespace != two.namespace
+
+
+def test_a_fresh_process_loads_it_from_the_hit_record(sadd):
+    h, src = sadd
+    code = f"""
+        import json, torch, kload
+        from kload.handle import HISTORY
+        h = kload.load({str(src)!r}, reload=False)
+        a = torch.ones(3)
+        print(json.dumps({{"ok": torch.equal(h.sadd(a, a), a * 2), "how": HISTORY[-1]["how"],
+                          "ns": h.namespace}}))
+        """
+    for _ in range(2):  # the first may write the hit record, the second surely reads it
+        out = run_py(code)
+    assert out["ok"] and out["how"] == "cache" and out["ns"] == h.namespace

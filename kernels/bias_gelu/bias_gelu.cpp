@@ -9,23 +9,22 @@
 // erf forward, the normal CDF and density from one exp backward. Against double
 // precision on a grid of 4M points over [-16, 16]: gelu within 3e-7 max(1, |z|),
 // gelu' within 5e-7 (AVX2 and baseline x86-64 builds). float64 uses std::erf/std::exp.
-#include <kload/kernel.h>
+// CUDA: the kernels are in bias_gelu.cu (no torch header); the glue is at the end.
+#include <kload/stable.h>
 #include "bias_gelu.h"
 #include <kload/cpu/parallel.h>
 #include <kload/cpu/vec.h>
-#include <ATen/Dispatch.h>
-#include <ATen/ops/empty.h>
-#include <ATen/ops/empty_like.h>
-#include <ATen/ops/zeros_like.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <tuple>
 #include <vector>
 
 namespace {
 
 using namespace kload_bias_gelu;
+using kload::ScalarType;
 
 constexpr double kSqrtHalf = 0.70710678118654752440;
 constexpr double kInvSqrt2Pi = 0.39894228040143267794;
@@ -209,13 +208,14 @@ inline void backward_row(const double* g, const double* x, const double* b, doub
   }
 }
 
-void check_cpu_dtype(const at::Tensor& x) {
-  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kDouble,
-              "bias_gelu (CPU): expected float32 or float64, got ", x.scalar_type());
+void check_cpu_dtype(const Tensor& x) {
+  const ScalarType t = x.scalar_type();
+  STD_TORCH_CHECK(t == ScalarType::Float || t == ScalarType::Double,
+                  "bias_gelu (CPU): expected float32 or float64, got ", torch::headeronly::toString(t));
 }
 
 template <typename scalar_t>
-void bias_gelu_kernel(const at::Tensor& x, const at::Tensor& bias, at::Tensor& y, int64_t D, int64_t rows) {
+void bias_gelu_kernel(const Tensor& x, const Tensor& bias, Tensor& y, int64_t D, int64_t rows) {
   const scalar_t* px = x.const_data_ptr<scalar_t>();
   const scalar_t* pb = bias.const_data_ptr<scalar_t>();
   scalar_t* py = y.mutable_data_ptr<scalar_t>();
@@ -224,24 +224,24 @@ void bias_gelu_kernel(const at::Tensor& x, const at::Tensor& bias, at::Tensor& y
   });
 }
 
-at::Tensor bias_gelu_cpu(const at::Tensor& x_in, const at::Tensor& bias_in) {
+Tensor bias_gelu_cpu(const Tensor& x_in, const Tensor& bias_in) {
   check_bias_gelu(x_in, bias_in);
   check_cpu_dtype(x_in);
-  const at::Tensor x = x_in.contiguous(), bias = bias_in.contiguous();
-  at::Tensor y = at::empty_like(x, at::MemoryFormat::Contiguous);
-  const int64_t D = x.size(-1), rows = D ? x.numel() / D : 0;
-  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "bias_gelu_cpu", [&] { bias_gelu_kernel<scalar_t>(x, bias, y, D, rows); });
+  const Tensor x = kload::as_contiguous(x_in), bias = kload::as_contiguous(bias_in);
+  Tensor y = kload::empty_like(x);
+  const int64_t D = x.size(x.dim() - 1), rows = D ? x.numel() / D : 0;
+  KLOAD_DISPATCH_FLOATING(x.scalar_type(), "bias_gelu_cpu", [&] { bias_gelu_kernel<scalar_t>(x, bias, y, D, rows); });
   return y;
 }
 
 template <typename scalar_t>
-void bias_gelu_backward_kernel(const at::Tensor& grad, const at::Tensor& x, const at::Tensor& bias,
-                               at::Tensor& grad_x, at::Tensor& grad_b, int64_t D, int64_t rows) {
+void bias_gelu_backward_kernel(const Tensor& grad, const Tensor& x, const Tensor& bias, Tensor& grad_x,
+                               Tensor& grad_b, int64_t D, int64_t rows) {
   const scalar_t* px = x.const_data_ptr<scalar_t>();
   const scalar_t* pb = bias.const_data_ptr<scalar_t>();
   const scalar_t* pg = grad.const_data_ptr<scalar_t>();
   scalar_t* pgx = grad_x.mutable_data_ptr<scalar_t>();
-  const int threads = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), rows));
+  const int threads = std::max<int64_t>(1, std::min<int64_t>(kload::cpu::num_threads(), rows));
   std::vector<std::vector<scalar_t>> partial(threads, std::vector<scalar_t>(D, scalar_t(0)));
 #pragma omp parallel num_threads(threads)
   {
@@ -255,28 +255,27 @@ void bias_gelu_backward_kernel(const at::Tensor& grad, const at::Tensor& x, cons
     for (int64_t j = 0; j < D; ++j) pgb[j] += p[j];
 }
 
-std::tuple<at::Tensor, at::Tensor> bias_gelu_backward_cpu(const at::Tensor& grad_in, const at::Tensor& x_in,
-                                                          const at::Tensor& bias_in) {
+std::tuple<Tensor, Tensor> bias_gelu_backward_cpu(const Tensor& grad_in, const Tensor& x_in, const Tensor& bias_in) {
   check_bias_gelu_backward(grad_in, x_in, bias_in);
   check_cpu_dtype(x_in);
-  const at::Tensor x = x_in.contiguous(), bias = bias_in.contiguous(), grad = grad_in.contiguous();
-  at::Tensor grad_x = at::empty_like(x, at::MemoryFormat::Contiguous);
-  at::Tensor grad_b = at::zeros_like(bias);
-  const int64_t D = x.size(-1), rows = D ? x.numel() / D : 0;
-  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "bias_gelu_backward_cpu",
-                             [&] { bias_gelu_backward_kernel<scalar_t>(grad, x, bias, grad_x, grad_b, D, rows); });
+  const Tensor x = kload::as_contiguous(x_in), bias = kload::as_contiguous(bias_in);
+  const Tensor grad = kload::as_contiguous(grad_in);
+  Tensor grad_x = kload::empty_like(x);
+  Tensor grad_b = torch::stable::new_zeros(bias, bias.sizes());
+  const int64_t D = x.size(x.dim() - 1), rows = D ? x.numel() / D : 0;
+  KLOAD_DISPATCH_FLOATING(x.scalar_type(), "bias_gelu_backward_cpu",
+                          [&] { bias_gelu_backward_kernel<scalar_t>(grad, x, bias, grad_x, grad_b, D, rows); });
   return {grad_x, grad_b};
 }
 
-at::Tensor bias_gelu_meta(const at::Tensor& x, const at::Tensor& bias) {
+Tensor bias_gelu_meta(const Tensor& x, const Tensor& bias) {
   check_bias_gelu(x, bias);
-  return at::empty_like(x, at::MemoryFormat::Contiguous);
+  return torch::stable::new_empty(x, x.sizes());
 }
 
-std::tuple<at::Tensor, at::Tensor> bias_gelu_backward_meta(const at::Tensor& grad, const at::Tensor& x,
-                                                           const at::Tensor& bias) {
+std::tuple<Tensor, Tensor> bias_gelu_backward_meta(const Tensor& grad, const Tensor& x, const Tensor& bias) {
   check_bias_gelu_backward(grad, x, bias);
-  return {at::empty_like(x, at::MemoryFormat::Contiguous), at::empty_like(bias, at::MemoryFormat::Contiguous)};
+  return {torch::stable::new_empty(x, x.sizes()), torch::stable::new_empty(bias, bias.sizes())};
 }
 
 }  // namespace
@@ -286,10 +285,63 @@ KLOAD_LIBRARY(m) {
   m.def("bias_gelu_backward(Tensor grad, Tensor x, Tensor bias) -> (Tensor, Tensor)");
 }
 KLOAD_IMPL(CPU, m) {
-  m.impl("bias_gelu", &bias_gelu_cpu);
-  m.impl("bias_gelu_backward", &bias_gelu_backward_cpu);
+  m.impl("bias_gelu", TORCH_BOX(&bias_gelu_cpu));
+  m.impl("bias_gelu_backward", TORCH_BOX(&bias_gelu_backward_cpu));
 }
 KLOAD_IMPL(Meta, m) {
-  m.impl("bias_gelu", &bias_gelu_meta);
-  m.impl("bias_gelu_backward", &bias_gelu_backward_meta);
+  m.impl("bias_gelu", TORCH_BOX(&bias_gelu_meta));
+  m.impl("bias_gelu_backward", TORCH_BOX(&bias_gelu_backward_meta));
 }
+
+#ifdef KLOAD_WITH_CUDA
+#include <kload/cuda/launcher.h>
+
+KLOAD_LAUNCHER const char* kload_bias_gelu_cuda(int dtype, const void* x, const void* bias, void* y, int64_t n,
+                                                int64_t D, void* stream);
+KLOAD_LAUNCHER const char* kload_bias_gelu_backward_cuda(int dtype, const void* grad, const void* x, const void* bias,
+                                                         void* grad_x, int64_t n, int64_t D, void* stream);
+
+namespace {
+
+Tensor bias_gelu_cuda(const Tensor& x_in, const Tensor& bias_in) {
+  KLOAD_CHECK_CUDA(x_in);
+  KLOAD_CHECK_CUDA(bias_in);
+  check_bias_gelu(x_in, bias_in);
+  const int dtype = kload::cuda::dtype_code(x_in, "bias_gelu");
+  kload::DeviceGuard guard(x_in.get_device_index());
+  const Tensor x = kload::as_contiguous(x_in), bias = kload::as_contiguous(bias_in);
+  Tensor y = kload::empty_like(x);
+  const int64_t n = x.numel(), D = x.size(x.dim() - 1);
+  if (n == 0) return y;
+  KLOAD_CHECK_LAUNCH(kload_bias_gelu_cuda(dtype, x.const_data_ptr(), bias.const_data_ptr(), y.mutable_data_ptr(), n, D,
+                                          kload::cuda_stream(x)));
+  return y;
+}
+
+std::tuple<Tensor, Tensor> bias_gelu_backward_cuda(const Tensor& grad_in, const Tensor& x_in, const Tensor& bias_in) {
+  KLOAD_CHECK_CUDA(x_in);
+  check_bias_gelu_backward(grad_in, x_in, bias_in);
+  const int dtype = kload::cuda::dtype_code(x_in, "bias_gelu_backward");
+  kload::DeviceGuard guard(x_in.get_device_index());
+  const Tensor x = kload::as_contiguous(x_in), bias = kload::as_contiguous(bias_in);
+  const Tensor grad = kload::as_contiguous(grad_in);
+  Tensor grad_x = kload::empty_like(x);
+  const int64_t n = x.numel(), D = x.size(x.dim() - 1);
+  if (n > 0)
+    KLOAD_CHECK_LAUNCH(kload_bias_gelu_backward_cuda(dtype, grad.const_data_ptr(), x.const_data_ptr(),
+                                                     bias.const_data_ptr(), grad_x.mutable_data_ptr(), n, D,
+                                                     kload::cuda_stream(x)));
+  // grad_bias: the column sums of grad_x viewed as [rows, D] (torch's reduction)
+  const std::vector<int64_t> dims{0};
+  Tensor grad_b = torch::stable::sum(torch::stable::reshape(grad_x, {D ? n / D : 0, D}),
+                                     torch::headeronly::IntHeaderOnlyArrayRef(dims));
+  return {grad_x, grad_b};
+}
+
+}  // namespace
+
+KLOAD_IMPL(CUDA, m) {
+  m.impl("bias_gelu", TORCH_BOX(&bias_gelu_cuda));
+  m.impl("bias_gelu_backward", TORCH_BOX(&bias_gelu_backward_cuda));
+}
+#endif  // KLOAD_WITH_CUDA

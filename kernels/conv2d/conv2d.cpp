@@ -9,21 +9,21 @@
 // unfolded band is still in L2 when the GEMM reads it, instead of a 7 MB buffer
 // per image that streams through memory twice. OpenMP threads take whole images.
 // Backward: grad_w = sum_n grad_n @ col_n^T, grad_x = col2im(w^T @ grad_n).
-#include <kload/kernel.h>
+// CUDA: the kernels are in conv2d.cu (no torch header); the glue is at the end.
+#include <kload/stable.h>
 #include "conv2d.h"
 #include <kload/cpu/gemm.h>
 #include <kload/cpu/parallel.h>
-#include <ATen/Dispatch.h>
-#include <ATen/ops/empty.h>
-#include <ATen/ops/empty_like.h>
-#include <ATen/ops/zeros_like.h>
 
 #include <algorithm>
+#include <optional>
+#include <tuple>
 #include <vector>
 
 namespace {
 
 using namespace kload_conv2d;
+using kload::ScalarType;
 
 // row-major, densely packed operands
 template <typename T>
@@ -110,20 +110,21 @@ void transpose(const T* a, int64_t rows, int64_t cols, T* out) {  // out[cols, r
     for (int64_t c = 0; c < cols; ++c) out[c * rows + r] = a[r * cols + c];
 }
 
-void check_cpu_dtype(const at::Tensor& x) {
-  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kDouble,
-              "conv2d (CPU): expected float32 or float64, got ", x.scalar_type());
+void check_cpu_dtype(const Tensor& x) {
+  const ScalarType t = x.scalar_type();
+  STD_TORCH_CHECK(t == ScalarType::Float || t == ScalarType::Double, "conv2d (CPU): expected float32 or float64, got ",
+                  torch::headeronly::toString(t));
 }
 
-at::Tensor conv2d_cpu(const at::Tensor& x_in, const at::Tensor& w_in, const std::optional<at::Tensor>& bias,
-                      at::IntArrayRef stride, at::IntArrayRef padding) {
+Tensor conv2d_cpu(const Tensor& x_in, const Tensor& w_in, const std::optional<Tensor>& bias,
+                  const std::vector<int64_t>& stride, const std::vector<int64_t>& padding) {
   const Geometry g = check_conv2d(x_in, w_in, bias, stride, padding);
   check_cpu_dtype(x_in);
-  const at::Tensor x = x_in.contiguous(), w = w_in.contiguous();
-  at::Tensor out = at::empty({g.N, g.OC, g.OH, g.OW}, x.options());
+  const Tensor x = kload::as_contiguous(x_in), w = kload::as_contiguous(w_in);
+  Tensor out = kload::empty(x, {g.N, g.OC, g.OH, g.OW});
   const bool has_bias = bias.has_value() && bias->defined();
-  const at::Tensor b = has_bias ? bias->contiguous() : at::Tensor();
-  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "conv2d_cpu", [&] {
+  const Tensor b = has_bias ? kload::as_contiguous(*bias) : Tensor();
+  KLOAD_DISPATCH_FLOATING(x.scalar_type(), "conv2d_cpu", [&] {
     const scalar_t* px = x.const_data_ptr<scalar_t>();
     const scalar_t* pw = w.const_data_ptr<scalar_t>();
     const scalar_t* pb = has_bias ? b.const_data_ptr<scalar_t>() : nullptr;
@@ -151,15 +152,15 @@ at::Tensor conv2d_cpu(const at::Tensor& x_in, const at::Tensor& w_in, const std:
 }
 
 template <typename scalar_t>
-void conv2d_backward_kernel(const Geometry& g, const at::Tensor& x, const at::Tensor& w, const at::Tensor& grad,
-                            at::Tensor& grad_x, at::Tensor& grad_w) {
+void conv2d_backward_kernel(const Geometry& g, const Tensor& x, const Tensor& w, const Tensor& grad, Tensor& grad_x,
+                            Tensor& grad_w) {
   const scalar_t* px = x.const_data_ptr<scalar_t>();
   const scalar_t* pg = grad.const_data_ptr<scalar_t>();
   std::vector<scalar_t> wt(g.ckk() * g.OC);  // w^T: [C*kh*kw, OC]
   transpose(w.const_data_ptr<scalar_t>(), g.OC, g.ckk(), wt.data());
   scalar_t* pgx = grad_x.mutable_data_ptr<scalar_t>();
   scalar_t* pgw = grad_w.mutable_data_ptr<scalar_t>();
-  const int threads = std::max(1, std::min<int>(at::get_num_threads(), static_cast<int>(g.N)));
+  const int threads = std::max(1, std::min<int>(kload::cpu::num_threads(), static_cast<int>(g.N)));
   std::vector<std::vector<scalar_t>> partial(threads, std::vector<scalar_t>(g.OC * g.ckk(), scalar_t(0)));
 #pragma omp parallel num_threads(threads)
   {
@@ -178,30 +179,31 @@ void conv2d_backward_kernel(const Geometry& g, const at::Tensor& x, const at::Te
     for (int64_t i = 0; i < g.OC * g.ckk(); ++i) pgw[i] += p[i];
 }
 
-std::tuple<at::Tensor, at::Tensor> conv2d_backward_cpu(const at::Tensor& grad_in, const at::Tensor& x_in,
-                                                       const at::Tensor& w_in, at::IntArrayRef stride,
-                                                       at::IntArrayRef padding) {
+std::tuple<Tensor, Tensor> conv2d_backward_cpu(const Tensor& grad_in, const Tensor& x_in, const Tensor& w_in,
+                                               const std::vector<int64_t>& stride,
+                                               const std::vector<int64_t>& padding) {
   const Geometry g = check_conv2d(x_in, w_in, std::nullopt, stride, padding);
   check_cpu_dtype(x_in);
   check_conv2d_grad(grad_in, g);
-  const at::Tensor x = x_in.contiguous(), w = w_in.contiguous(), grad = grad_in.contiguous();
-  at::Tensor grad_x = at::zeros_like(x), grad_w = at::zeros_like(w);
-  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "conv2d_backward_cpu",
-                             [&] { conv2d_backward_kernel<scalar_t>(g, x, w, grad, grad_x, grad_w); });
+  const Tensor x = kload::as_contiguous(x_in), w = kload::as_contiguous(w_in), grad = kload::as_contiguous(grad_in);
+  Tensor grad_x = torch::stable::new_zeros(x, x.sizes()), grad_w = torch::stable::new_zeros(w, w.sizes());
+  KLOAD_DISPATCH_FLOATING(x.scalar_type(), "conv2d_backward_cpu",
+                          [&] { conv2d_backward_kernel<scalar_t>(g, x, w, grad, grad_x, grad_w); });
   return {grad_x, grad_w};
 }
 
-at::Tensor conv2d_meta(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& bias,
-                       at::IntArrayRef stride, at::IntArrayRef padding) {
+Tensor conv2d_meta(const Tensor& x, const Tensor& w, const std::optional<Tensor>& bias,
+                   const std::vector<int64_t>& stride, const std::vector<int64_t>& padding) {
   const Geometry g = check_conv2d(x, w, bias, stride, padding);
-  return at::empty({g.N, g.OC, g.OH, g.OW}, x.options());
+  return torch::stable::new_empty(x, {g.N, g.OC, g.OH, g.OW});
 }
 
-std::tuple<at::Tensor, at::Tensor> conv2d_backward_meta(const at::Tensor& grad, const at::Tensor& x,
-                                                        const at::Tensor& w, at::IntArrayRef stride,
-                                                        at::IntArrayRef padding) {
-  check_conv2d(x, w, std::nullopt, stride, padding);
-  return {at::empty_like(x, at::MemoryFormat::Contiguous), at::empty_like(w, at::MemoryFormat::Contiguous)};
+std::tuple<Tensor, Tensor> conv2d_backward_meta(const Tensor& grad, const Tensor& x, const Tensor& w,
+                                                const std::vector<int64_t>& stride,
+                                                const std::vector<int64_t>& padding) {
+  const Geometry g = check_conv2d(x, w, std::nullopt, stride, padding);
+  check_conv2d_grad(grad, g);  // the fake kernel rejects what the real one does
+  return {torch::stable::new_empty(x, x.sizes()), torch::stable::new_empty(w, w.sizes())};
 }
 
 }  // namespace
@@ -211,10 +213,66 @@ KLOAD_LIBRARY(m) {
   m.def("conv2d_backward(Tensor grad, Tensor x, Tensor w, int[2] stride, int[2] padding) -> (Tensor, Tensor)");
 }
 KLOAD_IMPL(CPU, m) {
-  m.impl("conv2d", &conv2d_cpu);
-  m.impl("conv2d_backward", &conv2d_backward_cpu);
+  m.impl("conv2d", TORCH_BOX(&conv2d_cpu));
+  m.impl("conv2d_backward", TORCH_BOX(&conv2d_backward_cpu));
 }
 KLOAD_IMPL(Meta, m) {
-  m.impl("conv2d", &conv2d_meta);
-  m.impl("conv2d_backward", &conv2d_backward_meta);
+  m.impl("conv2d", TORCH_BOX(&conv2d_meta));
+  m.impl("conv2d_backward", TORCH_BOX(&conv2d_backward_meta));
 }
+
+#ifdef KLOAD_WITH_CUDA
+#include <kload/cuda/launcher.h>
+
+KLOAD_LAUNCHER const char* kload_conv2d_cuda(int dtype, const void* x, const void* w, const void* bias, void* out,
+                                             kload_conv2d::Geometry g, void* stream);
+KLOAD_LAUNCHER const char* kload_conv2d_backward_cuda(int dtype, const void* grad, const void* x, const void* w,
+                                                      void* grad_x, void* grad_w, kload_conv2d::Geometry g,
+                                                      void* stream);
+
+namespace {
+
+Tensor conv2d_cuda(const Tensor& x_in, const Tensor& w_in, const std::optional<Tensor>& bias_in,
+                   const std::vector<int64_t>& stride, const std::vector<int64_t>& padding) {
+  KLOAD_CHECK_CUDA(x_in);
+  KLOAD_CHECK_CUDA(w_in);
+  const Geometry g = check_conv2d(x_in, w_in, bias_in, stride, padding);
+  const int dtype = kload::cuda::dtype_code(x_in, "conv2d");
+  kload::DeviceGuard guard(x_in.get_device_index());
+  const Tensor x = kload::as_contiguous(x_in), w = kload::as_contiguous(w_in);
+  const bool has_bias = bias_in.has_value() && bias_in->defined();
+  const Tensor bias = has_bias ? kload::as_contiguous(*bias_in) : Tensor();
+  Tensor out = kload::empty(x, {g.N, g.OC, g.OH, g.OW});
+  if (out.numel() == 0) return out;
+  KLOAD_CHECK_LAUNCH(kload_conv2d_cuda(dtype, x.const_data_ptr(), w.const_data_ptr(),
+                                       has_bias ? bias.const_data_ptr() : nullptr, out.mutable_data_ptr(), g,
+                                       kload::cuda_stream(x)));
+  return out;
+}
+
+std::tuple<Tensor, Tensor> conv2d_backward_cuda(const Tensor& grad_in, const Tensor& x_in, const Tensor& w_in,
+                                                const std::vector<int64_t>& stride,
+                                                const std::vector<int64_t>& padding) {
+  KLOAD_CHECK_CUDA(x_in);
+  KLOAD_CHECK_CUDA(w_in);
+  const Geometry g = check_conv2d(x_in, w_in, std::nullopt, stride, padding);
+  KLOAD_CHECK_CUDA(grad_in);
+  check_conv2d_grad(grad_in, g);
+  const int dtype = kload::cuda::dtype_code(x_in, "conv2d_backward");
+  kload::DeviceGuard guard(x_in.get_device_index());
+  const Tensor x = kload::as_contiguous(x_in), w = kload::as_contiguous(w_in), grad = kload::as_contiguous(grad_in);
+  Tensor gx = kload::empty_like(x), gw = kload::empty_like(w);
+  KLOAD_CHECK_LAUNCH(kload_conv2d_backward_cuda(dtype, grad.const_data_ptr(), x.const_data_ptr(), w.const_data_ptr(),
+                                                gx.numel() ? gx.mutable_data_ptr() : nullptr,
+                                                gw.numel() ? gw.mutable_data_ptr() : nullptr, g,
+                                                kload::cuda_stream(x)));
+  return {gx, gw};
+}
+
+}  // namespace
+
+KLOAD_IMPL(CUDA, m) {
+  m.impl("conv2d", TORCH_BOX(&conv2d_cuda));
+  m.impl("conv2d_backward", TORCH_BOX(&conv2d_backward_cuda));
+}
+#endif  // KLOAD_WITH_CUDA

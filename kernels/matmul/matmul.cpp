@@ -3,27 +3,26 @@
 // CPU float32: kload/cpu/gemm.h's packed, register-tiled GEMM; OpenMP threads take
 // contiguous bands of rows of `out` (each packs B itself: no sharing, no locks).
 // float64 uses the generic blocked loop. Non-contiguous inputs are made contiguous.
-#include <kload/kernel.h>
+// CUDA: the kernel is in matmul.cu (no torch header); the glue is at the end.
+#include <kload/stable.h>
 #include "matmul.h"
 #include <kload/cpu/gemm.h>
 #include <kload/cpu/parallel.h>
-#include <ATen/Dispatch.h>
-#include <ATen/ops/empty.h>
-#include <ATen/ops/empty_like.h>
-#include <ATen/ops/zeros_like.h>
 
 namespace {
 
 using namespace kload_matmul;
+using kload::ScalarType;
 
-at::Tensor matmul_cpu(const at::Tensor& a_in, const at::Tensor& b_in) {
+Tensor matmul_cpu(const Tensor& a_in, const Tensor& b_in) {
   check_matmul(a_in, b_in);
-  TORCH_CHECK(a_in.scalar_type() == at::kFloat || a_in.scalar_type() == at::kDouble,
-              "matmul (CPU): expected float32 or float64, got ", a_in.scalar_type());
-  const at::Tensor a = a_in.contiguous(), b = b_in.contiguous();
+  const ScalarType t = a_in.scalar_type();
+  STD_TORCH_CHECK(t == ScalarType::Float || t == ScalarType::Double,
+                  "matmul (CPU): expected float32 or float64, got ", torch::headeronly::toString(t));
+  const Tensor a = kload::as_contiguous(a_in), b = kload::as_contiguous(b_in);
   const int64_t M = a.size(0), K = a.size(1), N = b.size(1);
-  at::Tensor out = at::empty({M, N}, a.options());
-  AT_DISPATCH_FLOATING_TYPES(a.scalar_type(), "matmul_cpu", [&] {
+  Tensor out = kload::empty(a, {M, N});
+  KLOAD_DISPATCH_FLOATING(t, "matmul_cpu", [&] {
     const scalar_t* pa = a.const_data_ptr<scalar_t>();
     const scalar_t* pb = b.const_data_ptr<scalar_t>();
     scalar_t* po = out.mutable_data_ptr<scalar_t>();
@@ -37,13 +36,41 @@ at::Tensor matmul_cpu(const at::Tensor& a_in, const at::Tensor& b_in) {
   return out;
 }
 
-at::Tensor matmul_meta(const at::Tensor& a, const at::Tensor& b) {
+Tensor matmul_meta(const Tensor& a, const Tensor& b) {
   check_matmul(a, b);
-  return at::empty({a.size(0), b.size(1)}, a.options());
+  return torch::stable::new_empty(a, {a.size(0), b.size(1)});
 }
 
 }  // namespace
 
 KLOAD_LIBRARY(m) { m.def("matmul(Tensor a, Tensor b) -> Tensor"); }
-KLOAD_IMPL(CPU, m) { m.impl("matmul", &matmul_cpu); }
-KLOAD_IMPL(Meta, m) { m.impl("matmul", &matmul_meta); }
+KLOAD_IMPL(CPU, m) { m.impl("matmul", TORCH_BOX(&matmul_cpu)); }
+KLOAD_IMPL(Meta, m) { m.impl("matmul", TORCH_BOX(&matmul_meta)); }
+
+#ifdef KLOAD_WITH_CUDA
+#include <kload/cuda/launcher.h>
+
+KLOAD_LAUNCHER const char* kload_matmul_cuda(int dtype, const void* a, const void* b, void* out, int64_t M,
+                                             int64_t K, int64_t N, void* stream);
+
+namespace {
+
+Tensor matmul_cuda(const Tensor& a_in, const Tensor& b_in) {
+  KLOAD_CHECK_CUDA(a_in);
+  KLOAD_CHECK_CUDA(b_in);
+  kload_matmul::check_matmul(a_in, b_in);
+  const int dtype = kload::cuda::dtype_code(a_in, "matmul");
+  kload::DeviceGuard guard(a_in.get_device_index());
+  const Tensor a = kload::as_contiguous(a_in), b = kload::as_contiguous(b_in);
+  const int64_t M = a.size(0), K = a.size(1), N = b.size(1);
+  Tensor out = kload::empty(a, {M, N});
+  if (M == 0 || N == 0) return out;
+  KLOAD_CHECK_LAUNCH(kload_matmul_cuda(dtype, a.const_data_ptr(), b.const_data_ptr(), out.mutable_data_ptr(), M, K, N,
+                                       kload::cuda_stream(a)));
+  return out;
+}
+
+}  // namespace
+
+KLOAD_IMPL(CUDA, m) { m.impl("matmul", TORCH_BOX(&matmul_cuda)); }
+#endif  // KLOAD_WITH_CUDA
