@@ -51,3 +51,4 @@ bench: $(VENV)/.installed
 	$(PY) benchmarks/loader.py
 	$(PY) benchmarks/kernels.py
 	$(PY) benchmarks/live.py
+	$(PY) benchmarks/stable.py
