@@ -253,3 +253,16 @@ def test_a_fresh_process_loads_it_from_the_hit_record(sadd):
     for _ in range(2):  # the first may write the hit record, the second surely reads it
         out = run_py(code)
     assert out["ok"] and out["how"] == "cache" and out["ns"] == h.namespace
+
+
+def test_a_compiled_graph_holding_the_op_runs_the_new_kernel(tmp_path):
+    src = sadd_source(tmp_path, offset=0)
+    h = kload.load(src, name="sadd_graph", reload=False)
+    op = getattr(torch.ops, h.namespace).sadd
+    torch.library.register_fake(f"{h.namespace}::sadd", lambda a, b: torch.empty_like(a))  # for tracing
+    fn = torch.compile(lambda a, b: op(a, b) * 1, backend="aot_eager", fullgraph=True)
+    a = torch.ones(8)
+    torch.testing.assert_close(fn(a, a), a * 2)
+    sadd_source(tmp_path, offset=3)
+    assert h.reload()
+    torch.testing.assert_close(fn(a, a), a * 2 + 3)  # the same graph, no recompile: the new kernel
