@@ -119,25 +119,17 @@ def main(old: str, new: str) -> None:
         path.write_text(textwrap.dedent(text).replace("FACTOR", str(factor)))
         return path
 
-    # 1. old -> new
-    src = source("up_a", STABLE, 2)
-    built = run(old, src, "up_a", "upgrade_op", 2, env)
-    n = compiles(log)
-    check("stable build under old", built.get("ok") and built["how"] == "built", json.dumps(built))
-    loaded = run(new, src, "up_a", "upgrade_op", 2, env)
-    check("same entry under new, zero compiles",
-          loaded.get("ok") and loaded["how"] == "cache" and loaded["key"] == built["key"] and compiles(log) == n,
-          f"{json.dumps(loaded)}, compiles {compiles(log) - n}")
-
-    # 2. new -> old
-    src = source("up_b", STABLE, 5)
-    built = run(new, src, "up_b", "upgrade_op", 5, env)
-    n = compiles(log)
-    check("stable build under new", built.get("ok") and built["how"] == "built", json.dumps(built))
-    loaded = run(old, src, "up_b", "upgrade_op", 5, env)
-    check("same entry under old (the reverse), zero compiles",
-          loaded.get("ok") and loaded["how"] == "cache" and loaded["key"] == built["key"] and compiles(log) == n,
-          f"{json.dumps(loaded)}, compiles {compiles(log) - n}")
+    # 1. old -> new, 2. new -> old (the reverse)
+    for name, factor, (first, then), (a, b) in (("up_a", 2, (old, new), ("old", "new")),
+                                                ("up_b", 5, (new, old), ("new", "old"))):
+        src = source(name, STABLE, factor)
+        built = run(first, src, name, "upgrade_op", factor, env)
+        n = compiles(log)
+        check(f"stable build under {a}", built.get("ok") and built["how"] == "built", json.dumps(built))
+        loaded = run(then, src, name, "upgrade_op", factor, env)
+        check(f"same entry under {b}, zero compiles",
+              loaded.get("ok") and loaded["how"] == "cache" and loaded["key"] == built["key"] and compiles(log) == n,
+              f"{json.dumps(loaded)}, compiles {compiles(log) - n}")
 
     # 3. a newer target is refused by the older torch, before compiling
     src = source("up_c", STABLE, 7)
