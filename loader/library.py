@@ -100,13 +100,10 @@ def library_identity(m: dict) -> str:
     from . import knobs
 
     inline = os.path.join(str(knobs.cache_dir()), "inline", "")
-    paths = m.get("source_paths")
-    if paths is None:  # an entry of before source_paths: its full manifest has the inputs
-        paths = [s["path"] for s in m["inputs"]["sources"]] + list(m["inputs"].get("not_built") or [])
-    return m["name"] + "|" + ",".join(sorted("<inline>" if p.startswith(inline) else p for p in paths))
+    return m["name"] + "|" + ",".join(sorted("<inline>" if p.startswith(inline) else p for p in m["source_paths"]))
 
 
-def load_stable(entry: Entry, path: str, fixed: list[str]) -> tuple[list[str], str | None]:
+def load_stable(entry: Entry, path: str) -> tuple[list[str], str | None]:
     """Open a stable-ABI library and register its ops (see kload/stable.h).
 
     A kload op library registers when asked, under a namespace chosen here:
@@ -118,19 +115,21 @@ def load_stable(entry: Entry, path: str, fixed: list[str]) -> tuple[list[str], s
 
     import torch
 
+    from . import knobs
+
     m = entry.manifest
     name = m["name"]
-    target = m.get("stable_target") or "2.10"
-    have = torch.__version__.split("+")[0]
-    if tuple(int(x) for x in have.split(".")[:2]) < tuple(int(x) for x in target.split(".")):
+    target = m["stable_target"]
+    have = knobs.torch_release()
+    if have < tuple(int(x) for x in target.split(".")):
         raise _error(f"kload: {name!r} is a stable-ABI build for torch {target} and later, and this torch is "
-                     f"{torch.__version__}: upgrade torch, or rebuild with KLOAD_STABLE_TARGET={have.rsplit('.', 1)[0]}")
+                     f"{torch.__version__}: upgrade torch, or rebuild with KLOAD_STABLE_TARGET={have[0]}.{have[1]}")
     try:
         lib = ctypes.CDLL(path)
     except OSError as e:
         raise _error(f"kload: cannot load {path}: {e}") from None
     if not hasattr(lib, "kload_stable_register"):  # STABLE_TORCH_LIBRARY(ns, m): registered on opening
-        return list(fixed), None
+        return [], None
     lib.kload_stable_describe.restype = ctypes.c_char_p
     lib.kload_stable_register.restype = ctypes.c_char_p
     lib.kload_stable_register.argtypes = [ctypes.c_char_p, ctypes.c_int]
@@ -165,7 +164,7 @@ def load_stable(entry: Entry, path: str, fixed: list[str]) -> tuple[list[str], s
     if err:
         raise _error(f"kload: registering the ops of {name!r} failed: {err.decode('utf-8', 'replace')}")
     _stable_last[ident] = (ns, schemas_t, kernels_f)
-    return [ns] + list(fixed), note
+    return [ns], note
 
 
 _load_lock = threading.RLock()
@@ -226,38 +225,32 @@ def load_entry(entry: Entry, *, just_built: bool = False) -> Loaded:
                 check_fixed_namespaces(m["name"], fixed, entry.key)
         import torch
 
-        module = None
+        module, note = None, None
         if "stable" in (m.get("style") or ""):
-            namespaces, note = load_stable(entry, path, fixed)
-            loaded = Loaded(entry, None, namespaces, note)
-            if fixed:
-                claim_fixed_namespaces(fixed, entry.key)
-            if m.get("cuda_skipped"):
-                loaded._keepalive.append(register_cuda_stubs(loaded, m["name"], m["cuda_skipped"]))
-            _loaded[path] = loaded
-            return loaded
-        try:
-            if m.get("python_module"):
-                from importlib.machinery import ExtensionFileLoader
-                from importlib.util import module_from_spec, spec_from_file_location
+            own, note = load_stable(entry, path)
+        else:
+            own = [m["namespace"]] if m.get("namespace") else []
+            try:
+                if m.get("python_module"):
+                    from importlib.machinery import ExtensionFileLoader
+                    from importlib.util import module_from_spec, spec_from_file_location
 
-                # A dotted name unique to this build: Python still calls PyInit_<name>
-                # (the last component), and pybind11, which caches modules by their
-                # full name, initializes each build's module on its own.
-                qual = f"_kload_{entry.key[:16]}.{m['name']}"
-                spec = spec_from_file_location(qual, path, loader=ExtensionFileLoader(qual, path))
-                module = module_from_spec(spec)
-                spec.loader.exec_module(module)
-            else:
-                torch.ops.load_library(path)
-        except (OSError, ImportError) as e:
-            cause = e.__cause__ or e
-            hint = f" (its CUDA sources were not built: {m['cuda_skipped']})" if m.get("cuda_skipped") else ""
-            raise _error(f"kload: cannot load {path}: {cause}{hint}") from None
+                    # A dotted name unique to this build: Python still calls PyInit_<name>
+                    # (the last component), and pybind11, which caches modules by their
+                    # full name, initializes each build's module on its own.
+                    qual = f"_kload_{entry.key[:16]}.{m['name']}"
+                    spec = spec_from_file_location(qual, path, loader=ExtensionFileLoader(qual, path))
+                    module = module_from_spec(spec)
+                    spec.loader.exec_module(module)
+                else:
+                    torch.ops.load_library(path)
+            except (OSError, ImportError) as e:
+                cause = e.__cause__ or e
+                hint = f" (its CUDA sources were not built: {m['cuda_skipped']})" if m.get("cuda_skipped") else ""
+                raise _error(f"kload: cannot load {path}: {cause}{hint}") from None
         if fixed:
             claim_fixed_namespaces(fixed, entry.key)
-        namespaces = ([m["namespace"]] if m.get("namespace") else []) + fixed
-        loaded = Loaded(entry, module, namespaces)
+        loaded = Loaded(entry, module, own + fixed, note)
         if m.get("cuda_skipped"):
             loaded._keepalive.append(register_cuda_stubs(loaded, m["name"], m["cuda_skipped"]))
         _loaded[path] = loaded

@@ -80,7 +80,6 @@ def plan(opts: Options, store: Store) -> Plan:
     if not built:
         raise KloadError(f"kload: {opts.name!r} has only CUDA sources, and they cannot be built here: {reason}")
     with_cuda = any(s.is_cuda for s in built)
-    built_paths = {s.path for s in built}
     if reason and opts.name not in _said_cuda_skip:
         _said_cuda_skip.add(opts.name)
         log.warning("kload: building %r for the CPU only: %s", opts.name, reason)
@@ -118,9 +117,10 @@ def plan(opts: Options, store: Store) -> Plan:
         if with_cuda:
             cflags.append("-DKLOAD_WITH_CUDA=1")  # the .cpp glue registers the CUDA kernels
         ldflags.insert(0, "-Wl,--as-needed")  # no DT_NEEDED on libtorch_python and friends
-        torch_id = {"stable_abi": "%d.%d" % target, "cxx11_abi": torch_id["cxx11_abi"]}
+        full = torch_id
+        torch_id = {"stable_abi": "%d.%d" % target, "cxx11_abi": full["cxx11_abi"]}
         if with_cuda:  # the CUDA runtime the kernels link (PyPI's torch went from 12 to 13 in 2.12)
-            torch_id["cuda_major"] = (toolchain.torch_identity()["cuda"] or "").split(".")[0]
+            torch_id["cuda_major"] = (full["cuda"] or "").split(".")[0]
         python_id, kload_inc = None, "kload"
 
     inputs = {
@@ -138,7 +138,7 @@ def plan(opts: Options, store: Store) -> Plan:
         "cxx": cxx,
         "env": toolchain.keyed_environment(),
     }
-    skipped = [s for s in sset.sources if s.path not in built_paths]
+    skipped = [s for s in sset.sources if s not in built]
     if skipped:  # [a.cpp] and [a.cpp, a.cu] are different libraries even where a.cu cannot build
         inputs["not_built"] = [str(s.path) for s in skipped]  # paths: editing them here changes nothing
     if any("native" in f for f in cflags + cuda_cflags):
