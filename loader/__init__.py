@@ -15,10 +15,30 @@ from . import knobs
 from .api import load, load_inline
 from .handle import HISTORY, Handle
 
-__all__ = ["load", "load_inline", "Handle", "CompileError", "KloadError", "HISTORY", "kernels"]
+__all__ = ["load", "load_inline", "Handle", "CompileError", "KloadError", "HISTORY", "kernels", "patch",
+           "unpatch", "cpp_extension"]
 __version__ = "0.1.0"
 
 logging.getLogger("kload").addHandler(logging.NullHandler())
+
+
+def patch() -> None:
+    """Route every ``torch.utils.cpp_extension.load`` / ``load_inline`` call of this process
+    through kload (kload.cpp_extension): same arguments and results, kload's cache."""
+    from .cpp_extension import patch as _patch
+
+    _patch()
+
+
+def unpatch() -> None:
+    """Give torch.utils.cpp_extension its own ``load`` and ``load_inline`` back."""
+    from .cpp_extension import unpatch as _unpatch
+
+    _unpatch()
+
+
+if knobs.patch_torch():
+    patch()
 
 
 def load_ipython_extension(ipython):
@@ -34,8 +54,8 @@ def __getattr__(name):
         from . import errors
 
         return getattr(errors, name)
-    if name == "kernels":
+    if name in ("kernels", "cpp_extension"):
         import importlib
 
-        return importlib.import_module("kload.kernels")
+        return importlib.import_module(f"kload.{name}")
     raise AttributeError(f"module 'kload' has no attribute {name!r}")

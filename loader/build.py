@@ -23,7 +23,7 @@ from . import pch, toolchain
 from .errors import CompileError, KloadError, parse_diagnostics
 from .options import include_dir
 from .plan import Plan
-from .compilers import cuda_toolkit, launchers
+from .compilers import cuda_toolkit, launchers, parallel_jobs
 from .progress import BuildProgress
 
 log = logging.getLogger("kload")
@@ -71,6 +71,19 @@ def header_closure(ws: Path, plan_: Plan, deps: dict[str, list[str]], pchs: pch.
         headers[p] = digest
         stamps[p] = before if stat_stamp(p) == before else None  # written meanwhile: always hash
     return headers, stamps
+
+
+COMPDB = "compile_commands.json"
+
+
+def write_compdb(ws: Path) -> None:
+    """ninja's compilation database of this build (the real commands, flags and include
+    paths), for editors and clangd; ``kload ide`` copies it beside the sources."""
+    proc = subprocess.run(["ninja", "-t", "compdb"], cwd=ws, capture_output=True, text=True)
+    if proc.returncode == 0 and proc.stdout.strip().startswith("["):
+        write_atomic(ws / COMPDB, proc.stdout)
+    else:
+        log.warning("kload: could not write %s in %s: %s", COMPDB, ws, proc.stderr.strip())
 
 
 RECORD = "kload_inputs.json"  # in the build directory: content hashes of the last build's inputs
@@ -171,14 +184,17 @@ def _compile_locked(plan_: Plan, store: Store) -> tuple[Entry, float]:
                 "}}\n",
             )
             sources.append(str(ns_src))
-        artifact = ws / f"{name}.so"
+        standalone = bool(plan_.inputs.get("standalone"))
+        artifact = ws / (name if standalone else f"{name}.so")
         forget_stale_objects(ws)
         started, since = time.perf_counter(), time.time()
         try:
-            with BuildProgress(name, ws) as progress, launchers(store, plan_), cuda_toolkit(plan_), pchs.held():
+            with parallel_jobs(plan_, len(sources)) as jobs, BuildProgress(name, ws, jobs) as progress, \
+                    launchers(store, plan_), cuda_toolkit(plan_), pchs.held():
                 _run_torch_build(plan_, ws, sources, pchs.cflags())
                 seconds = time.perf_counter() - started
                 deps = ninja_deps(ws)
+                write_compdb(ws)
                 notes = pchs.report(deps, ws, since)
                 progress.finish(f"kload: built {name} in {seconds:.1f} s{pchs.summary()}")
         except CompileError:
@@ -196,9 +212,10 @@ def _compile_locked(plan_: Plan, store: Store) -> tuple[Entry, float]:
             name=name, skey=plan_.skey, key=key, headers=headers, stamps=stamps, built_artifact=artifact,
             manifest={
                 "namespace": namespace,
-                "style": plan_.sources.style,
+                "style": "standalone" if standalone else plan_.sources.style,
                 "python_module": plan_.sources.python_module,
                 "fixed_namespaces": plan_.sources.fixed_namespaces,
+                "fixed_ops": plan_.sources.fixed_ops,
                 "cuda_built": plan_.with_cuda,
                 "cuda_skipped": plan_.cuda_skipped,
                 "build_seconds": round(seconds, 3),
@@ -263,6 +280,7 @@ def _run_torch_build(plan_: Plan, ws: Path, sources: list[str], pch_cflags: list
             verbose=plan_.opts.verbose,
             with_cuda=plan_.with_cuda,
             is_python_module=False,
+            is_standalone=bool(plan_.inputs.get("standalone")),
         )
     except RuntimeError as e:
         text = str(e)

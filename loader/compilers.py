@@ -84,3 +84,68 @@ def cuda_toolkit(plan_: Plan):
             os.environ.pop("TORCH_CUDA_ARCH_LIST", None)
         else:
             os.environ["TORCH_CUDA_ARCH_LIST"] = saved_arch
+
+
+# Peak memory of one compile (measured: a <kload/stable.h> TU ~0.3 GB, <kload/kernel.h>
+# ~0.5-0.6 GB, <torch/extension.h> and nvcc with torch's headers 1.2-1.6 GB)
+_GB = 1 << 30
+JOB_MEMORY = {"stable": 0.4 * _GB, "aten": 0.8 * _GB, "full": 1.6 * _GB}
+
+
+def free_memory() -> int | None:
+    """Bytes this process may still use: MemAvailable, or less under a cgroup (container) limit."""
+    avail = None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    avail = int(line.split()[1]) * 1024
+                    break
+    except OSError:
+        pass
+    try:
+        with open("/sys/fs/cgroup/memory.max") as f:
+            limit = f.read().strip()
+        if limit != "max":
+            with open("/sys/fs/cgroup/memory.current") as f:
+                left = int(limit) - int(f.read())
+            avail = left if avail is None else min(avail, left)
+    except (OSError, ValueError):
+        pass
+    return avail
+
+
+def job_memory(plan_: Plan) -> float:
+    """What one compile of this plan is expected to need at its peak."""
+    s = plan_.sources
+    if s.stable:
+        return JOB_MEMORY["stable"]
+    if s.python_module or plan_.with_cuda or any(h != "kload/kernel.h" for h in s.pch_headers) \
+            or not s.pch_headers:
+        return JOB_MEMORY["full"]  # torch/extension.h, pybind11, nvcc, or headers we cannot see
+    return JOB_MEMORY["aten"]
+
+
+def choose_jobs(free: int | None, cores: int, per_job: float, units: int) -> int:
+    """Parallel compiles that fit: no more than the cores, the translation units, or
+    what free memory holds at ``per_job`` each (at least one)."""
+    jobs = max(1, min(cores, units))
+    if free is not None:
+        jobs = max(1, min(jobs, int(free // per_job)))
+    return jobs
+
+
+@contextmanager
+def parallel_jobs(plan_: Plan, units: int):
+    """Set MAX_JOBS (which torch's loader hands to ninja) from free memory and the cores
+    when the user has not; yields what the progress line says about it."""
+    if knobs.max_jobs():
+        yield f"MAX_JOBS={knobs.max_jobs()}"
+        return
+    free = free_memory()
+    jobs = choose_jobs(free, len(os.sched_getaffinity(0)), job_memory(plan_), units)
+    os.environ["MAX_JOBS"] = str(jobs)
+    try:
+        yield f"{jobs} job{'s' if jobs > 1 else ''}" + (f", {free / _GB:.1f} GB free" if free is not None else "")
+    finally:
+        os.environ.pop("MAX_JOBS", None)

@@ -39,7 +39,12 @@ class Handle:
 
     # -- public API (few names, so they rarely shadow an op; ops stay reachable via .ops) --
     def build(self) -> str:
-        """Compile now (or find in the cache) without loading; returns the artifact's path."""
+        """Compile now, or find the build in the cache; returns the artifact's path.
+
+        A cache hit loads nothing. A compile in this process leaves the library
+        loaded, as torch's loader does with what it builds (its static
+        registrations ran), but binds no ops to this handle: ``load()`` or the
+        first op access does that, for every binding style."""
         with self._mutex:
             if self._entry is None:
                 entry, how, seconds = resolve_entry(self._opts)
@@ -109,10 +114,8 @@ class Handle:
                 if self._entry is None:
                     entry, how, seconds = resolve_entry(self._opts)
                     self._record(entry, how, seconds)
-                else:
-                    how = "cache"
                 with entry_in_use(self._entry.path):
-                    self.__dict__["_loaded"] = load_entry(self._entry, just_built=(how == "built"))
+                    self.__dict__["_loaded"] = load_entry(self._entry)
                 self._watch()
             return self._loaded
 
@@ -146,7 +149,7 @@ class Handle:
                 if entry.key == self._entry.key:
                     return False
                 with entry_in_use(entry.path):
-                    loaded = load_entry(entry, just_built=(how == "built"))
+                    loaded = load_entry(entry)
             except (KloadError, OSError) as e:
                 text = str(e)
                 if text != self._last_error:

@@ -128,6 +128,12 @@ def disable_jit() -> bool:
     return _flag("KLOAD_DISABLE_JIT")
 
 
+def patch_torch() -> bool:
+    """``KLOAD_PATCH_TORCH=1``: ``import kload`` routes torch.utils.cpp_extension.load and
+    load_inline through kload (kload.patch()) for the whole process."""
+    return _flag("KLOAD_PATCH_TORCH")
+
+
 def cxx_launcher() -> str | None:
     """``KLOAD_CXX_LAUNCHER`` (e.g. ``ccache``, ``sccache``): run in front of the C++ compiler."""
     return os.environ.get("KLOAD_CXX_LAUNCHER") or None

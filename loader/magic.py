@@ -7,7 +7,11 @@ builds the cell (or finds it in the cache) and binds ``NAME`` to its handle, and
 
     %kload
 
-shows the cache location and what this kernel session built or loaded.
+shows the cache location and what this kernel session built or loaded, and
+
+    %kload ide SOURCES...
+
+writes compile_commands.json beside them (for clangd).
 
 The cell is written beside a copy of the cell as the notebook shows it (line 1
 is the ``%%kload`` line); a ``#line`` directive makes the compiler report cell
@@ -97,7 +101,20 @@ class KloadMagics(Magics):
 
     @line_magic("kload")
     def kload_status(self, line):
-        """The cache location and the builds and loads of this kernel session."""
+        """``%kload``: the cache location and the builds and loads of this kernel session.
+        ``%kload ide SOURCES...``: compile_commands.json beside the sources, for clangd."""
+        words = shlex.split(line)
+        if words[:1] == ["ide"]:
+            from .ide import write_ide
+
+            if len(words) < 2:
+                raise CellError("kload: %kload ide needs SOURCES (the .cpp/.cu files of one library)")
+            try:
+                target, n = write_ide(load(*words[1:], reload=False))
+            except (KloadError, OSError) as e:
+                raise CellError(str(e) if str(e).startswith("kload:") else f"kload: {e}") from None
+            print(f"{target}: {n} compile command{'s' if n != 1 else ''}")
+            return
         print(f"kload cache: {knobs.cache_dir()}")
         if not HISTORY:
             print("nothing built or loaded in this session yet")

@@ -89,14 +89,17 @@ class Options:
     """What the caller asked for, validated."""
 
     __slots__ = ("name", "paths", "cflags", "cuda_cflags", "ldflags", "include_paths", "verbose", "debug",
-                 "reload")
+                 "reload", "with_cuda", "standalone")
 
     def __init__(self, name, paths, cflags=(), cuda_cflags=(), ldflags=(), include_paths=(), verbose=False,
-                 debug=False, reload=False):
+                 debug=False, reload=False, with_cuda=None, standalone=False):
         self.name, self.paths = name, list(paths)
         self.cflags, self.cuda_cflags, self.ldflags = list(cflags), list(cuda_cflags), list(ldflags)
         self.include_paths, self.verbose, self.debug = list(include_paths), verbose, debug
         self.reload = reload  # watch the files and rebuild on save (not part of the key)
+        # torch's loader options (kload.cpp_extension): True links CUDA without .cu sources;
+        # standalone builds an executable (no bindings, nothing loaded)
+        self.with_cuda, self.standalone = with_cuda, standalone
 
 
 def _flag_list(value, what: str, kinds=(str,)) -> list:
@@ -112,7 +115,7 @@ def _flag_list(value, what: str, kinds=(str,)) -> list:
 
 
 def make_options(name, paths, extra_cflags, extra_cuda_cflags, extra_ldflags, extra_include_paths,
-                 verbose, debug, reload=None) -> Options:
+                 verbose, debug, reload=None, with_cuda=None, standalone=False) -> Options:
     incs = [os.path.abspath(os.path.expanduser(os.fspath(p)))
             for p in _flag_list(extra_include_paths, "extra_include_paths", (str, os.PathLike))]
     for inc in incs:
@@ -128,4 +131,6 @@ def make_options(name, paths, extra_cflags, extra_cuda_cflags, extra_ldflags, ex
         verbose=bool(verbose),
         debug=knobs.debug() if debug is None else bool(debug),
         reload=knobs.reload() if reload is None else bool(reload),
+        with_cuda=None if with_cuda is None else bool(with_cuda),
+        standalone=bool(standalone),
     )

@@ -15,7 +15,7 @@ from kload.cache.store import Store
 from . import knobs, toolchain
 from .errors import KloadError
 from .options import Options, include_dir
-from .sources import SourceSet, scan
+from .sources import SourceSet, no_bindings, scan
 
 log = logging.getLogger("kload")
 
@@ -75,11 +75,16 @@ def plan(opts: Options, store: Store) -> Plan:
     sset = scan(opts.paths, known)
     if len(known) != before:
         toolchain.save_memo(store.root)
+    if not (sset.op_library or sset.python_module or sset.fixed_namespaces or opts.standalone):
+        raise no_bindings(sset)
     reason = toolchain.cuda_unavailable_reason() if sset.has_cuda else None
     built = [s for s in sset.sources if not (s.is_cuda and reason)]
     if not built:
         raise KloadError(f"kload: {opts.name!r} has only CUDA sources, and they cannot be built here: {reason}")
     with_cuda = any(s.is_cuda for s in built)
+    if opts.with_cuda and not with_cuda:  # torch's with_cuda=True: CUDA headers and libraries for .cpp sources
+        reason = reason or toolchain.cuda_unavailable_reason()
+        with_cuda = reason is None
     if reason and opts.name not in _said_cuda_skip:
         _said_cuda_skip.add(opts.name)
         log.warning("kload: building %r for the CPU only: %s", opts.name, reason)
@@ -138,6 +143,8 @@ def plan(opts: Options, store: Store) -> Plan:
         "cxx": cxx,
         "env": toolchain.keyed_environment(),
     }
+    if opts.standalone:
+        inputs["standalone"] = True  # an executable (torch's is_standalone): linked, never loaded
     skipped = [s for s in sset.sources if s not in built]
     if skipped:  # [a.cpp] and [a.cpp, a.cu] are different libraries even where a.cu cannot build
         inputs["not_built"] = [str(s.path) for s in skipped]  # paths: editing them here changes nothing

@@ -115,7 +115,7 @@ class _Status:
                         return os.path.basename(a)
         return None
 
-    def line(self, name: str, elapsed: float) -> str:
+    def line(self, name: str, elapsed: float, jobs: str | None = None) -> str:
         done = max(0, self._log_lines() - self._log_start)
         if self.total is None:
             dirty = self._dirty_steps()
@@ -129,20 +129,23 @@ class _Status:
             text += f" compiling {current}"
         elif self.total and done >= self.total - 1:
             text += " linking"
+        if jobs:
+            text += f" · {jobs}"
         return text
 
 
 class BuildProgress:
     """``with BuildProgress(name, ws): build()`` shows the live line, if anyone sees it."""
 
-    def __init__(self, name: str, ws: Path):
-        self.name, self.ws = name, ws
+    def __init__(self, name: str, ws: Path, jobs: str | None = None):
+        self.name, self.ws, self.jobs = name, ws, jobs  # jobs: how many compile at once, and why
         self.where = mode()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._shown = None
 
     def __enter__(self):
+        log.info("kload: building %s (%s)", self.name, self.jobs or "ninja's default parallelism")
         if self.where is not None:
             self._started = time.perf_counter()
             self._status = _Status(self.ws)
@@ -155,7 +158,7 @@ class BuildProgress:
             return
         try:
             while True:
-                self._show(self._status.line(self.name, time.perf_counter() - self._started))
+                self._show(self._status.line(self.name, time.perf_counter() - self._started, self.jobs))
                 if self._stop.wait(INTERVAL):
                     return
         except Exception as e:  # noqa: BLE001 - progress must never break a build

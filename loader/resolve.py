@@ -15,7 +15,7 @@ from kload.cache import Entry, fast_lookup
 
 from . import knobs
 from .fingerprint import KEY_CODE, fingerprint
-from .library import check_fixed_namespaces
+from .library import check_fixed_namespaces, claim_fixed_namespaces
 from .options import Options
 
 
@@ -65,10 +65,13 @@ def resolve_full(opts: Options, root: Path, fast: tuple[str, str] | None) -> tup
 
         # a fixed TORCH_LIBRARY namespace can be registered once per process: refuse
         # before compiling, since torch loads what it builds
-        check_fixed_namespaces(opts.name, p.sources.fixed_namespaces, None)
+        check_fixed_namespaces(opts.name, p.sources.fixed_namespaces, None, p.sources.fixed_ops)
         entry, seconds = compile_plan(p, store)
         if seconds > 0:
             how = "built"
+            # torch's loader has loaded what it built (its TORCH_LIBRARY blocks ran): this
+            # build owns those namespaces now, so a load() after build() is no second owner
+            claim_fixed_namespaces(p.sources.fixed_namespaces, entry.key)
             knobs.evict_after_build(store, entry.path.name)
     if fast is not None:
         fp, cxx = fast

@@ -18,6 +18,8 @@ _COMMENTS = r"//[^\n]*|/\*.*?\*/"
 _OPLIB = r"\bKLOAD_(?:LIBRARY|FRAGMENT|IMPL)\s*\("
 _PYBIND = r"\bPYBIND11_MODULE\s*\("
 _FIXED_NS = r"\b(?:STABLE_)?TORCH_LIBRARY(?:_FRAGMENT|_IMPL)?\s*\(\s*(\w+)\s*,"
+# the op names a TORCH_LIBRARY block defines: m.def("name(...) -> ...") or m.def("name", &fn)
+_FIXED_DEF = r"\.def\(\s*(?:TORCH_SELECTIVE_SCHEMA\(\s*)?\"(?:\w+::)?(\w+)"
 # the stable ABI's headers (kload/stable.h, torch/csrc/stable/, torch/headeronly/) and
 # the headers that tie a binary to one torch build; a set is "stable" when it
 # includes the first kind and none of the second
@@ -46,6 +48,7 @@ class SourceSet:
         self.op_library = False            # KLOAD_LIBRARY / KLOAD_IMPL: kload supplies the namespace
         self.python_module = False         # PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)
         self.fixed_namespaces: list[str] = []  # TORCH_LIBRARY(ns, m) / STABLE_TORCH_LIBRARY(ns, m)
+        self.fixed_ops: list[str] = []     # the op names those blocks define (what a load checks is free)
         self.stable = False                # only stable-ABI headers (kload/stable.h, torch/csrc/stable/)
         self.missing_checks: list[str] = []  # CHECK_* used but not defined (kload supplies them)
         self.first_includes: dict[str, str | None] = {}  # source -> the PCH_HEADERS header it starts with
@@ -79,7 +82,7 @@ def scan(paths: list[Path], memo: dict | None = None) -> SourceSet:
     for p in paths:
         data = p.read_bytes()
         out.sources.append(Source(p, hashlib.sha256(data).hexdigest(), p.suffix in CUDA_SUFFIXES))
-    memo_key = "scan5:" + ",".join(s.sha256 for s in out.sources)
+    memo_key = "scan7:" + ",".join(s.sha256 for s in out.sources)
     found = memo.get(memo_key) if memo is not None else None
     if found is None:
         found = _classify([s.path.read_bytes() for s in out.sources], [s.path for s in out.sources])
@@ -87,6 +90,7 @@ def scan(paths: list[Path], memo: dict | None = None) -> SourceSet:
             memo[memo_key] = found
     out.op_library, out.python_module = found["op_library"], found["python_module"]
     out.fixed_namespaces, out.missing_checks = list(found["fixed_namespaces"]), list(found["missing_checks"])
+    out.fixed_ops = list(found["fixed_ops"])
     out.first_includes = {str(s.path): h for s, h in zip(out.sources, found["first_includes"])}
     out.pch_headers = list(found["pch_headers"])
     out.stable = found["stable"]
@@ -131,6 +135,7 @@ def _classify(blobs: list[bytes], paths: list[Path]) -> dict:
             for ns in re.findall(_FIXED_NS, code):
                 if ns != "_" and ns not in out.fixed_namespaces:
                     out.fixed_namespaces.append(ns)
+            out.fixed_ops.extend(n for n in re.findall(_FIXED_DEF, code) if n not in out.fixed_ops)
         if "CHECK_" in code:
             used.update(re.findall(_CHECK_USE, code))
             defined.update(re.findall(_CHECK_DEF, code))
@@ -138,18 +143,20 @@ def _classify(blobs: list[bytes], paths: list[Path]) -> dict:
         if "#" in code:
             stable_inc |= bool(re.search(_STABLE_INC, code))
             versioned_inc |= bool(re.search(_VERSIONED_INC, code))
-    if not (out.op_library or out.python_module or out.fixed_namespaces):
-        names = ", ".join(p.name for p in paths)
-        raise KloadError(
-            f"kload: no bindings found in {names}. Register ops with KLOAD_LIBRARY(m) / KLOAD_IMPL(CPU, m) "
-            "(#include <kload/kernel.h>, or <kload/stable.h> for the stable ABI), or write "
-            "PYBIND11_MODULE(TORCH_EXTENSION_NAME, m), TORCH_LIBRARY(namespace, m) or STABLE_TORCH_LIBRARY(namespace, m)."
-        )
     return {"op_library": out.op_library, "python_module": out.python_module,
-            "fixed_namespaces": out.fixed_namespaces,
+            "fixed_namespaces": out.fixed_namespaces, "fixed_ops": out.fixed_ops if out.fixed_namespaces else [],
             "missing_checks": [] if includes_kernel_h else _missing_checks(used, defined), "first_includes": firsts,
             "pch_headers": sorted(pch_headers),
             "stable": stable_inc and not versioned_inc and not out.python_module}
+
+
+def no_bindings(sset: SourceSet) -> KloadError:
+    names = ", ".join(s.path.name for s in sset.sources)
+    return KloadError(
+        f"kload: no bindings found in {names}. Register ops with KLOAD_LIBRARY(m) / KLOAD_IMPL(CPU, m) "
+        "(#include <kload/kernel.h>, or <kload/stable.h> for the stable ABI), or write "
+        "PYBIND11_MODULE(TORCH_EXTENSION_NAME, m), TORCH_LIBRARY(namespace, m) or STABLE_TORCH_LIBRARY(namespace, m)."
+    )
 
 
 def _missing_checks(used: set[str], defined: set[str]) -> list[str]:

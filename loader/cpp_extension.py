@@ -1,0 +1,201 @@
+"""A front door for code written against ``torch.utils.cpp_extension``: ``load``
+and ``load_inline`` with the installed torch's own signatures and return values,
+kload's cache, locks, errors and progress underneath; ``patch()`` routes torch's
+functions here for a whole process (``KLOAD_PATCH_TORCH=1`` at ``import kload``).
+
+    from kload.cpp_extension import load          # instead of torch.utils.cpp_extension
+    mod = load(name="ext", sources=["ext.cpp"], extra_cflags=["-O3"])
+
+What differs from torch's loader, and why (docs/from-torch.md has the table):
+the build runs in kload's content-keyed cache, not in ``build_directory``; given
+one, the built library is linked into it under the name torch would give it, and
+that path is returned. ``keep_intermediates`` and ``use_pch`` change nothing
+(kload keeps its build directory for incremental rebuilds, and precompiles
+headers on its own: ``KLOAD_PCH``). SYCL and ROCm builds go to torch's loader.
+"""
+from __future__ import annotations
+
+import inspect
+import logging
+import os
+import shutil
+import uuid
+from pathlib import Path
+
+from torch.utils import cpp_extension as _torch_ext
+
+from .api import inline_folder, write_files
+from .handle import Handle
+from .options import CPP_SUFFIXES, CUDA_SUFFIXES, check_name, make_options, resolve_paths
+
+log = logging.getLogger("kload")
+
+# torch's functions as they were before any patch (a re-import must not capture ours)
+TORCH_LOAD = getattr(_torch_ext.load, "__kload_wraps__", _torch_ext.load)
+TORCH_LOAD_INLINE = getattr(_torch_ext.load_inline, "__kload_wraps__", _torch_ext.load_inline)
+_LOAD_SIG = inspect.signature(TORCH_LOAD)
+_INLINE_SIG = inspect.signature(TORCH_LOAD_INLINE)
+
+
+def _bind(sig: inspect.Signature, args, kwargs, what: str) -> dict:
+    try:
+        bound = sig.bind(*args, **kwargs)
+    except TypeError as e:  # the message torch's own function would give
+        raise TypeError(f"{what}() {e}") from None
+    bound.apply_defaults()
+    return dict(bound.arguments)
+
+
+def _torch_only(a: dict) -> str | None:
+    """Why torch's own loader must build this (kload builds C++ and CUDA), or None."""
+    import torch
+
+    if a.get("with_sycl") or a.get("extra_sycl_cflags") or a.get("sycl_sources"):
+        return "SYCL sources"
+    if getattr(torch.version, "hip", None):
+        return "a ROCm build of torch (hipified sources)"
+    srcs = a.get("sources")
+    for s in [srcs] if isinstance(srcs, (str, os.PathLike)) else (srcs or []):
+        if not os.fspath(s).lower().endswith(CPP_SUFFIXES + CUDA_SUFFIXES):
+            return f"a source kload does not build ({os.fspath(s)})"
+    return None
+
+
+def _said(reason: str, name: str) -> None:
+    log.warning("kload: %r goes to torch's own loader: kload does not build %s", name, reason)
+
+
+def load(*args, **kwargs):
+    """torch.utils.cpp_extension.load, through kload (same arguments, same result)."""
+    a = _bind(_LOAD_SIG, args, kwargs, "load")
+    reason = _torch_only(a)
+    if reason:
+        _said(reason, a["name"])
+        return TORCH_LOAD(*args, **kwargs)
+    sources = a["sources"]
+    sources = [sources] if isinstance(sources, (str, os.PathLike)) else list(sources)
+    return _build_and_load(a, resolve_paths(sources), standalone=bool(a.get("is_standalone")))
+
+
+def load_inline(*args, **kwargs):
+    """torch.utils.cpp_extension.load_inline, through kload (same arguments, same result):
+    the same main.cpp / cuda.cu torch would write, in kload's cache."""
+    a = _bind(_INLINE_SIG, args, kwargs, "load_inline")
+    reason = _torch_only(a)
+    if reason:
+        _said(reason, a["name"])
+        return TORCH_LOAD_INLINE(*args, **kwargs)
+    files = inline_sources(a)
+    folder = inline_folder(check_name(a["name"]), files)
+    paths = write_files(folder, files)
+    return _build_and_load(a, [paths[f] for f in files], standalone=False)
+
+
+def inline_sources(a: dict) -> dict[str, str]:
+    """The files torch's load_inline writes for these arguments, text for text."""
+    implicit = not a.get("no_implicit_headers", False)
+    cpp = a["cpp_sources"]
+    cpp = [cpp] if isinstance(cpp, str) else list(cpp)
+    cuda = a.get("cuda_sources") or []
+    cuda = [cuda] if isinstance(cuda, str) else list(cuda)
+    if implicit:
+        cpp.insert(0, "#include <torch/extension.h>")
+    functions = a.get("functions")
+    if functions is not None:
+        if isinstance(functions, str):
+            functions = [functions]
+        if isinstance(functions, list):
+            functions = {f: f for f in functions}
+        elif not isinstance(functions, dict):
+            raise ValueError(f"Expected 'functions' to be a list or dict, but was {type(functions)}")
+        cpp.append("PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {")
+        for fname, doc in functions.items():
+            if a.get("with_pytorch_error_handling", True):
+                cpp.append(f'm.def("{fname}", torch::wrap_pybind_function({fname}), "{doc}");')
+            else:
+                cpp.append(f'm.def("{fname}", {fname}, "{doc}");')
+        cpp.append("}")
+    files = {"main.cpp": "\n".join(cpp)}
+    if cuda:
+        if implicit:
+            cuda[:0] = ["#include <torch/types.h>", "#include <cuda.h>", "#include <cuda_runtime.h>"]
+        files["cuda.cu"] = "\n".join(cuda)
+    return files
+
+
+def _build_and_load(a: dict, paths: list[Path], standalone: bool):
+    opts = make_options(a["name"], paths, a.get("extra_cflags"), a.get("extra_cuda_cflags"),
+                        a.get("extra_ldflags"), a.get("extra_include_paths"), a.get("verbose", False),
+                        None, reload=False, with_cuda=a.get("with_cuda"), standalone=standalone)
+    handle = Handle(opts)
+    build_dir = a.get("build_directory")
+    if standalone:  # an executable: built (or found), never loaded
+        return _place(handle.build(), build_dir, opts.name, "")
+    handle.load()
+    path = _place(handle.build(), build_dir, opts.name, ".so")  # found, not built again
+    if not a.get("is_python_module", True):
+        return path  # the library is loaded and its TORCH_LIBRARY ops registered, as with torch
+    module = handle.module
+    # a pybind11 module, as torch returns; for an op library (torch raises ImportError
+    # there: no PyInit_<name>) the handle, whose attributes are its ops
+    return module if module is not None else handle
+
+
+def _place(artifact: str, build_dir, name: str, suffix: str) -> str:
+    """torch's loader leaves ``<build_directory>/<name>.so``; code may look for it
+    there. Link kload's artifact in under that name (a hard link: the same file, so
+    loading it again maps the library already loaded; a copy across file systems)."""
+    if build_dir is None:
+        return artifact
+    dest = os.path.join(os.fspath(build_dir), name + suffix)
+    try:
+        if os.path.samefile(artifact, dest):
+            return dest
+    except OSError:
+        pass
+    os.makedirs(os.fspath(build_dir), exist_ok=True)
+    tmp = f"{dest}.kload-{uuid.uuid4().hex[:8]}"
+    try:
+        os.link(artifact, tmp)
+    except OSError:
+        shutil.copy2(artifact, tmp)
+    os.replace(tmp, dest)
+    return dest
+
+
+# -- patch: torch's functions, routed here for the whole process ---------------------
+
+def _wrapped(ours, theirs):
+    def call(*args, **kwargs):
+        return ours(*args, **kwargs)
+
+    call.__name__, call.__qualname__, call.__module__ = theirs.__name__, theirs.__qualname__, __name__
+    call.__doc__ = (theirs.__doc__ or "") + "\n\n(Routed through kload: kload.unpatch() restores torch's.)"
+    call.__signature__ = inspect.signature(theirs)
+    call.__kload_wraps__ = theirs
+    return call
+
+
+def patch() -> None:
+    """Route ``torch.utils.cpp_extension.load`` and ``load_inline`` through kload for
+    this process: a package that calls torch's loader gets kload's cache, locks and
+    errors without a code change. Code that did ``from torch.utils.cpp_extension
+    import load`` before this call keeps torch's function: patch first (or set
+    KLOAD_PATCH_TORCH=1, read at ``import kload``)."""
+    if is_patched():
+        return
+    _torch_ext.load = _wrapped(load, TORCH_LOAD)
+    _torch_ext.load_inline = _wrapped(load_inline, TORCH_LOAD_INLINE)
+
+
+def unpatch() -> None:
+    """Give torch its own ``load`` and ``load_inline`` back."""
+    _torch_ext.load, _torch_ext.load_inline = TORCH_LOAD, TORCH_LOAD_INLINE
+
+
+def is_patched() -> bool:
+    return getattr(_torch_ext.load, "__kload_wraps__", None) is TORCH_LOAD
+
+
+load.__signature__ = _LOAD_SIG
+load_inline.__signature__ = _INLINE_SIG
