@@ -5,6 +5,9 @@
     kload cache verify                   re-hash every artifact; quarantine bad ones (exit 1 if any)
     kload cache prune --max-size 5G      least recently used first; --older-than DAYS
     kload cache clear                    entries, index, build directories (never one in use)
+    kload cache export NAME... -o B.tar  entries into one file (NAME: a library name, all its builds, or with
+                                         --latest the newest; a key prefix; or --all); .tar.gz/.tar.xz compress
+    kload cache import B.tar             verify a bundle whole (hashes, members, modes, owner), then add its entries
     kload build SOURCES... [--name N] [--cflags "..."] [-I DIR] [--debug] [--pch]
     kload build --pch [--cflags "..."]    precompile <kload/kernel.h> for these flags (for images)
     kload explain SOURCES... [same flags]     hit, or which key input differs from the nearest entry
@@ -20,6 +23,7 @@ from pathlib import Path
 
 from . import knobs
 from .cli_cache import _human, cmd_clear, cmd_info, cmd_list, cmd_prune, cmd_verify
+from .cli_cache import cmd_export, cmd_import
 from .errors import KloadError
 
 
@@ -111,6 +115,17 @@ def parser() -> argparse.ArgumentParser:
     c.set_defaults(func=cmd_prune)
     c = csub.add_parser("clear", help="remove every entry, the index and the build directories")
     c.set_defaults(func=cmd_clear)
+    c = csub.add_parser("export", help="write entries and their manifests into one bundle file")
+    c.add_argument("names", nargs="*", metavar="NAME",
+                   help="a library name (all its entries) or a key prefix / entry name (one entry)")
+    c.add_argument("-o", "--output", required=True, metavar="BUNDLE",
+                   help="the bundle to write: .tar, or .tar.gz/.tgz, .tar.xz to compress")
+    c.add_argument("--all", action="store_true", help="every library entry in the cache")
+    c.add_argument("--latest", action="store_true", help="for a library name, only its newest build")
+    c.set_defaults(func=cmd_export)
+    c = csub.add_parser("import", help="verify a bundle whole, then add its entries (exit status 1 if refused)")
+    c.add_argument("bundle", help="a bundle written by `kload cache export`")
+    c.set_defaults(func=cmd_import)
 
     flags = argparse.ArgumentParser(add_help=False)
     flags.add_argument("sources", nargs="*", help=".cpp/.cu files")

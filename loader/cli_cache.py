@@ -206,3 +206,75 @@ def cmd_clear(args) -> int:
     print(f"cleared {n} entries and {builds} build directories from {store.root}"
           + (f"; kept {kept} in use" if kept else ""))
     return 0
+
+
+# -- bundles (cache/bundle.py) ------------------------------------------------------------
+
+def _select(store, names, every: bool, latest: bool) -> list:
+    """``--all``: every library entry. Else each NAME is a library name (all its entries;
+    with ``--latest`` the newest build only) or, failing that, a key prefix or entry
+    name as ``cache info`` takes it."""
+    libs = [e for e in store.all_entries() if e.manifest.get("kind", "library") == "library"]
+    if every:
+        if names:
+            raise KloadError("kload: cache export takes NAMEs or --all, not both")
+        if not libs:
+            raise KloadError(f"kload: the cache at {store.root} has no library entry to export")
+        return libs
+    if not names:
+        raise KloadError("kload: cache export needs NAMEs (library names or key prefixes) or --all")
+    chosen = []
+    for n in names:
+        same = [e for e in libs if e.manifest.get("name") == n]
+        if same and latest:
+            same = [max(same, key=lambda e: e.manifest.get("created", 0.0))]
+        chosen += same or [_find(store, n)]
+    return list({e.path.name: e for e in chosen}.values())
+
+
+def cmd_export(args) -> int:
+    from importlib.metadata import PackageNotFoundError, version
+    from pathlib import Path
+
+    from kload.cache.bundle import export
+
+    store = _store()
+    entries = _select(store, args.names, args.all, args.latest)
+    try:
+        mine = version("kload")
+    except PackageNotFoundError:
+        mine = "unknown"
+    out = Path(args.output)
+    manifest = export(store, entries, out, mine)
+    for e in entries:
+        print(f"exported {e.path.name} ({_human(e.manifest.get('size', 0))})")
+    print(f"wrote {out}: {len(manifest['entries'])} entries, {_human(out.stat().st_size)}")
+    return 0
+
+
+def cmd_import(args) -> int:
+    from pathlib import Path
+
+    from kload.cache.bundle import import_bundle
+
+    store = _store()
+    results = import_bundle(store, Path(args.bundle))
+    for r in results:
+        print(f"imported {r['dir']}" if r["status"] == "imported"
+              else f"skipped  {r['dir']}: already present in the cache")
+        torch = r.get("torch") or {}  # a stable-ABI entry has no torch version in its key
+        here = knobs.torch_identity() if "version" in torch else {}  # imports torch: only when needed
+        if here and (torch["version"], torch.get("git")) != (here["version"], here["git"]):
+            print(f"  warning: built for torch {torch['version']}, this is torch {here['version']}: "
+                  "loads here will not find it")
+        for what, why in (("missing_headers", "do not exist on this machine"),
+                          ("changed_headers", "hold other bytes on this machine"),
+                          ("missing_sources", "do not exist on this machine")):
+            paths = r[what]
+            if paths:
+                kind = "sources" if what == "missing_sources" else "headers"
+                print(f"  warning: {len(paths)} of its {kind} {why} (e.g. {paths[0]}); the entry is keyed by "
+                      f"them, so a load here finds it only where the same {kind} are at the same paths")
+    added = sum(r["status"] == "imported" for r in results)
+    print(f"imported {added} entries, skipped {len(results) - added} already present, into {store.root}")
+    return 0

@@ -14,6 +14,7 @@ PACKAGES = {"kload": ROOT / "loader", "kload.cache": ROOT / "cache"}
 ORDER = [
     "kload.errors",                                                # basics
     "kload.cache", "kload.cache.key", "kload.cache.store", "kload.cache.lock",
+    "kload.cache.bundle",
     "kload.knobs",
     "kload.options",                                               # 1 what the user passed
     "kload.fingerprint", "kload.toolchain", "kload.sources",       # 2 fingerprint and key inputs
