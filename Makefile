@@ -11,7 +11,7 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH)"
-	$(PY) -m pip install -q -e ".[test]"
+	$(PY) -m pip install -q -e ".[test]" "$(TORCH)"   # the pin again: no test dependency may swap torch
 	touch $@
 
 # the second torch release, for the upgrade check: a CUDA build (~5.5 GB) that runs on the CPU
@@ -31,11 +31,12 @@ install: $(VENV)/.installed
 demo: $(VENV)/.installed
 	$(PY) examples/demo.py
 
-# ccache (Debian) for the compiler-launcher test: installed when missing and we are root
+# Debian's ccache (the compiler-launcher test) and clangd (the `kload ide` test): installed
+# when missing and we are root
 test: $(VENV)/.installed
-	@command -v ccache >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
-	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q ccache >/dev/null; } || \
-	  echo "note: ccache is not installed; its test will be skipped"
+	@for tool in ccache clangd; do command -v $$tool >/dev/null || { [ "$$(id -u)" = 0 ] && \
+	  command -v apt-get >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$tool >/dev/null; } || \
+	  echo "note: $$tool is not installed; its test will be skipped"; done
 	$(PY) -m pytest -q tests
 	$(MAKE) upgrade-check
 

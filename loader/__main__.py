@@ -11,6 +11,7 @@
     kload build SOURCES... [--name N] [--cflags "..."] [-I DIR] [--debug] [--pch]
     kload build --pch [--cflags "..."]    precompile <kload/kernel.h> for these flags (for images)
     kload explain SOURCES... [same flags]     hit, or which key input differs from the nearest entry
+    kload ide SOURCES... [same flags] [-o DIR]  compile_commands.json beside the sources, for clangd
 """
 from __future__ import annotations
 
@@ -94,6 +95,17 @@ def cmd_explain(args) -> int:
     return 0
 
 
+def cmd_ide(args) -> int:
+    from .ide import write_ide
+
+    if not args.sources:
+        raise KloadError("kload: ide needs SOURCES")
+    target, n = write_ide(_handle(args), args.out)
+    print(f"{target}: {n} compile command{'s' if n != 1 else ''} for {args.name or Path(args.sources[0]).stem} "
+          "(clangd and editors read it from there)")
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kload", description="kload: JIT-compiled kernels for PyTorch; "
                                 f"cache at $KLOAD_CACHE_DIR (now {knobs.cache_dir()})")
@@ -141,6 +153,9 @@ def parser() -> argparse.ArgumentParser:
     b.set_defaults(func=cmd_build)
     e = sub.add_parser("explain", parents=[flags], help="hit, or what differs from the nearest entry")
     e.set_defaults(func=cmd_explain)
+    i = sub.add_parser("ide", parents=[flags], help="write compile_commands.json beside the sources (for clangd)")
+    i.add_argument("-o", "--out", metavar="DIR", help="where to write it (default: the first source's folder)")
+    i.set_defaults(func=cmd_ide)
     return p
 
 

@@ -144,8 +144,12 @@ def parallel_jobs(plan_: Plan, units: int):
         return
     free = free_memory()
     jobs = choose_jobs(free, len(os.sched_getaffinity(0)), job_memory(plan_), units)
+    saved = os.environ.get("MAX_JOBS")  # unset, or set empty
     os.environ["MAX_JOBS"] = str(jobs)
     try:
         yield f"{jobs} job{'s' if jobs > 1 else ''}" + (f", {free / _GB:.1f} GB free" if free is not None else "")
     finally:
-        os.environ.pop("MAX_JOBS", None)
+        if saved is None:
+            os.environ.pop("MAX_JOBS", None)
+        else:
+            os.environ["MAX_JOBS"] = saved

@@ -27,6 +27,7 @@ from torch.utils import cpp_extension as _torch_ext
 from .api import inline_folder, write_files
 from .handle import Handle
 from .options import CPP_SUFFIXES, CUDA_SUFFIXES, check_name, make_options, resolve_paths
+from .toolchain import cuda_unavailable_reason
 
 log = logging.getLogger("kload")
 
@@ -57,12 +58,12 @@ def _torch_only(a: dict) -> str | None:
     srcs = a.get("sources")
     for s in [srcs] if isinstance(srcs, (str, os.PathLike)) else (srcs or []):
         if not os.fspath(s).lower().endswith(CPP_SUFFIXES + CUDA_SUFFIXES):
-            return f"a source kload does not build ({os.fspath(s)})"
+            return f"{os.path.splitext(os.fspath(s))[1] or 'suffix-less'} sources ({os.fspath(s)})"
     return None
 
 
 def _said(reason: str, name: str) -> None:
-    log.warning("kload: %r goes to torch's own loader: kload does not build %s", name, reason)
+    log.warning("kload: %r goes to torch's own loader, which builds what kload does not: %s", name, reason)
 
 
 def load(*args, **kwargs):
@@ -126,7 +127,12 @@ def inline_sources(a: dict) -> dict[str, str]:
 def _build_and_load(a: dict, paths: list[Path], standalone: bool):
     opts = make_options(a["name"], paths, a.get("extra_cflags"), a.get("extra_cuda_cflags"),
                         a.get("extra_ldflags"), a.get("extra_include_paths"), a.get("verbose", False),
-                        None, reload=False, with_cuda=a.get("with_cuda"), standalone=standalone)
+                        None, reload=False, with_cuda=a.get("with_cuda"), standalone=standalone, as_torch=True)
+    if a.get("with_cuda") or any(p.suffix in CUDA_SUFFIXES for p in paths):
+        reason = cuda_unavailable_reason()
+        if reason:  # torch raises here (OSError: CUDA_HOME ...); callers catch it to fall back
+            raise OSError(f"kload: {opts.name!r} has CUDA sources, and they cannot be built here: {reason} "
+                          "(kload.load would build the C++ part alone)")
     handle = Handle(opts)
     build_dir = a.get("build_directory")
     if standalone:  # an executable: built (or found), never loaded

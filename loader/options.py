@@ -89,10 +89,10 @@ class Options:
     """What the caller asked for, validated."""
 
     __slots__ = ("name", "paths", "cflags", "cuda_cflags", "ldflags", "include_paths", "verbose", "debug",
-                 "reload", "with_cuda", "standalone")
+                 "reload", "with_cuda", "standalone", "as_torch")
 
     def __init__(self, name, paths, cflags=(), cuda_cflags=(), ldflags=(), include_paths=(), verbose=False,
-                 debug=False, reload=False, with_cuda=None, standalone=False):
+                 debug=False, reload=False, with_cuda=None, standalone=False, as_torch=False):
         self.name, self.paths = name, list(paths)
         self.cflags, self.cuda_cflags, self.ldflags = list(cflags), list(cuda_cflags), list(ldflags)
         self.include_paths, self.verbose, self.debug = list(include_paths), verbose, debug
@@ -100,6 +100,7 @@ class Options:
         # torch's loader options (kload.cpp_extension): True links CUDA without .cu sources;
         # standalone builds an executable (no bindings, nothing loaded)
         self.with_cuda, self.standalone = with_cuda, standalone
+        self.as_torch = as_torch  # torch's loader builds sources whose bindings kload cannot see: so does this
 
 
 def _flag_list(value, what: str, kinds=(str,)) -> list:
@@ -115,7 +116,7 @@ def _flag_list(value, what: str, kinds=(str,)) -> list:
 
 
 def make_options(name, paths, extra_cflags, extra_cuda_cflags, extra_ldflags, extra_include_paths,
-                 verbose, debug, reload=None, with_cuda=None, standalone=False) -> Options:
+                 verbose, debug, reload=None, with_cuda=None, standalone=False, as_torch=False) -> Options:
     incs = [os.path.abspath(os.path.expanduser(os.fspath(p)))
             for p in _flag_list(extra_include_paths, "extra_include_paths", (str, os.PathLike))]
     for inc in incs:
@@ -133,4 +134,5 @@ def make_options(name, paths, extra_cflags, extra_cuda_cflags, extra_ldflags, ex
         reload=knobs.reload() if reload is None else bool(reload),
         with_cuda=None if with_cuda is None else bool(with_cuda),
         standalone=bool(standalone),
+        as_torch=bool(as_torch),
     )

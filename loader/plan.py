@@ -75,7 +75,7 @@ def plan(opts: Options, store: Store) -> Plan:
     sset = scan(opts.paths, known)
     if len(known) != before:
         toolchain.save_memo(store.root)
-    if not (sset.op_library or sset.python_module or sset.fixed_namespaces or opts.standalone):
+    if not (sset.op_library or sset.python_module or sset.fixed_namespaces or opts.standalone or opts.as_torch):
         raise no_bindings(sset)
     reason = toolchain.cuda_unavailable_reason() if sset.has_cuda else None
     built = [s for s in sset.sources if not (s.is_cuda and reason)]

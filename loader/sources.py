@@ -20,6 +20,8 @@ _PYBIND = r"\bPYBIND11_MODULE\s*\("
 _FIXED_NS = r"\b(?:STABLE_)?TORCH_LIBRARY(?:_FRAGMENT|_IMPL)?\s*\(\s*(\w+)\s*,"
 # the op names a TORCH_LIBRARY block defines: m.def("name(...) -> ...") or m.def("name", &fn)
 _FIXED_DEF = r"\.def\(\s*(?:TORCH_SELECTIVE_SCHEMA\(\s*)?\"(?:\w+::)?(\w+)"
+# the older registration API: torch::RegisterOperators("ns::op", &fn) / RegisterOperators().op("ns::op(...)")
+_REGISTERED = r"(?:\bRegisterOperators\s*\(\s*\)?\s*|\.op\s*\(\s*)\"(\w+)::(\w+)"
 # the stable ABI's headers (kload/stable.h, torch/csrc/stable/, torch/headeronly/) and
 # the headers that tie a binary to one torch build; a set is "stable" when it
 # includes the first kind and none of the second
@@ -47,7 +49,7 @@ class SourceSet:
         self.sources = sources
         self.op_library = False            # KLOAD_LIBRARY / KLOAD_IMPL: kload supplies the namespace
         self.python_module = False         # PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)
-        self.fixed_namespaces: list[str] = []  # TORCH_LIBRARY(ns, m) / STABLE_TORCH_LIBRARY(ns, m)
+        self.fixed_namespaces: list[str] = []  # TORCH_LIBRARY(ns, m) / STABLE_TORCH_LIBRARY(ns, m) / RegisterOperators
         self.fixed_ops: list[str] = []     # the op names those blocks define (what a load checks is free)
         self.stable = False                # only stable-ABI headers (kload/stable.h, torch/csrc/stable/)
         self.missing_checks: list[str] = []  # CHECK_* used but not defined (kload supplies them)
@@ -82,7 +84,7 @@ def scan(paths: list[Path], memo: dict | None = None) -> SourceSet:
     for p in paths:
         data = p.read_bytes()
         out.sources.append(Source(p, hashlib.sha256(data).hexdigest(), p.suffix in CUDA_SUFFIXES))
-    memo_key = "scan7:" + ",".join(s.sha256 for s in out.sources)
+    memo_key = "scan8:" + ",".join(s.sha256 for s in out.sources)
     found = memo.get(memo_key) if memo is not None else None
     if found is None:
         found = _classify([s.path.read_bytes() for s in out.sources], [s.path for s in out.sources])
@@ -136,6 +138,12 @@ def _classify(blobs: list[bytes], paths: list[Path]) -> dict:
                 if ns != "_" and ns not in out.fixed_namespaces:
                     out.fixed_namespaces.append(ns)
             out.fixed_ops.extend(n for n in re.findall(_FIXED_DEF, code) if n not in out.fixed_ops)
+        if "RegisterOperators" in code:  # each op once per process, like a TORCH_LIBRARY namespace
+            for ns, op in re.findall(_REGISTERED, code):
+                if ns not in out.fixed_namespaces:
+                    out.fixed_namespaces.append(ns)
+                if op not in out.fixed_ops:
+                    out.fixed_ops.append(op)
         if "CHECK_" in code:
             used.update(re.findall(_CHECK_USE, code))
             defined.update(re.findall(_CHECK_DEF, code))

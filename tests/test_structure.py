@@ -24,7 +24,7 @@ ORDER = [
     "kload.library",                                               # 5 load a library into the process
     "kload.resolve",                                               # 6 hit record / full lookup / build
     "kload.watch", "kload.handle",                                 # 7 the user's Handle
-    "kload.api", "kload.magic", "kload.cli_cache", "kload.__main__", "kload",  # 8 front doors
+    "kload.api", "kload.ide", "kload.cpp_extension", "kload.magic", "kload.cli_cache", "kload.__main__", "kload",  # 8 front doors
 ]
 
 
