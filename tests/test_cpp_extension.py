@@ -22,15 +22,17 @@ from conftest import EXAMPLES, compiles, run_py, write
 NO_PCH = {"KLOAD_PCH": "0"}
 
 MULADD = """\
-    // pytorch/extension-cpp's muladd.cpp, CPU part (plain TORCH_LIBRARY)
+    // after pytorch/extension-cpp's muladd.cpp, CPU part (plain TORCH_LIBRARY; at::empty for
+    // torch::empty, which needs <torch/all.h>)
     #include <ATen/Operators.h>
+    #include <ATen/ops/empty.h>
     #include <torch/library.h>
     #include <Python.h>
     namespace extension_cpp {
     at::Tensor mymuladd_cpu(const at::Tensor& a, const at::Tensor& b, double c) {
       TORCH_CHECK(a.sizes() == b.sizes());
       at::Tensor a_contig = a.contiguous(), b_contig = b.contiguous();
-      at::Tensor result = torch::empty(a_contig.sizes(), a_contig.options());
+      at::Tensor result = at::empty(a_contig.sizes(), a_contig.options());
       const float* a_ptr = a_contig.data_ptr<float>();
       const float* b_ptr = b_contig.data_ptr<float>();
       float* result_ptr = result.data_ptr<float>();
@@ -109,7 +111,8 @@ def test_is_python_module_false_and_functions_behave_as_torchs(tmp_path):
         bd1, bd2 = tmp_path / who / "inline", tmp_path / who / "muladd"
         bd1.mkdir(parents=True), bd2.mkdir(parents=True)  # torch's loader wants them to exist
         code = COMPARE.format(use_kload=who == "kload", inline=INLINE_CPP, bd1=str(bd1), bd2=str(bd2), src=str(src))
-        results[who] = run_py(code, env={**NO_PCH, "TORCH_EXTENSIONS_DIR": str(tmp_path / "torch_ext")})
+        results[who] = run_py(code, env={**NO_PCH, "TORCH_EXTENSIONS_DIR": str(tmp_path / "torch_ext"),
+                                         "TORCH_NO_COMPILER_WRAPPER": "1"})
     t, k = results["torch"], results["kload"]
     assert t["path"] == str(tmp_path / "torch" / "muladd" / "muladd_ext.so")
     assert k["path"] == str(tmp_path / "kload" / "muladd" / "muladd_ext.so")  # placed where torch puts it
