@@ -53,3 +53,4 @@ bench: $(VENV)/.installed
 	$(PY) benchmarks/kernels.py
 	$(PY) benchmarks/live.py
 	$(PY) benchmarks/stable.py
+	$(PY) benchmarks/clients.py

@@ -265,8 +265,9 @@ def _run_torch_build(plan_: Plan, ws: Path, sources: list[str], pch_cflags: list
     kload_include = "-I" + shlex.quote(str(include_dir()))
     # the CUDA headers of a PyPI torch, after the toolkit's own (not keyed: torch's identity covers them)
     cuda_includes = [f"-isystem {shlex.quote(p)}" for p in toolchain.pip_cuda_includes()] if plan_.with_cuda else []
+    torch_load = getattr(cpp_extension.load, "__kload_wraps__", cpp_extension.load)  # torch's, even when patched
     try:
-        cpp_extension.load(
+        torch_load(
             name=plan_.name,
             sources=sources,
             # copies: torch appends its own flags to these lists, and the manifest records ours

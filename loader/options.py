@@ -120,7 +120,7 @@ def make_options(name, paths, extra_cflags, extra_cuda_cflags, extra_ldflags, ex
     incs = [os.path.abspath(os.path.expanduser(os.fspath(p)))
             for p in _flag_list(extra_include_paths, "extra_include_paths", (str, os.PathLike))]
     for inc in incs:
-        if not os.path.isdir(inc):
+        if not os.path.isdir(inc) and not as_torch:  # torch's loader passes a missing one on to the compiler
             raise FileNotFoundError(f"kload: include directory not found: {inc}")
     return Options(
         name=check_name(name if name is not None else default_name(paths[0])),

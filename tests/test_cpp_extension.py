@@ -177,7 +177,11 @@ def test_build_then_load_works_for_every_style(tmp_path):
     write(tmp_path / "stable.cpp", """\
         #include <kload/stable.h>
         using kload::Tensor;
-        Tensor twice(const Tensor& x) { return torch::stable::add(x, x); }
+        Tensor twice(const Tensor& x) {
+          Tensor out = torch::stable::empty_like(x);
+          for (int64_t i = 0; i < x.numel(); ++i) out.mutable_data_ptr<float>()[i] = 2 * x.const_data_ptr<float>()[i];
+          return out;
+        }
         KLOAD_LIBRARY(m) { m.def("twice(Tensor x) -> Tensor"); }
         KLOAD_IMPL(CPU, m) { m.impl("twice", TORCH_BOX(&twice)); }
     """)
@@ -185,16 +189,16 @@ def test_build_then_load_works_for_every_style(tmp_path):
         #include <torch/csrc/stable/library.h>
         #include <torch/csrc/stable/ops.h>
         using torch::stable::Tensor;
-        Tensor twice(const Tensor& x) { return torch::stable::add(x, x); }
-        STABLE_TORCH_LIBRARY(kload_btl_st, m) { m.def("twice(Tensor x) -> Tensor"); }
-        STABLE_TORCH_LIBRARY_IMPL(kload_btl_st, CPU, m) { m.impl("twice", TORCH_BOX(&twice)); }
+        Tensor same(const Tensor& x) { Tensor out = torch::stable::empty_like(x); torch::stable::copy_(out, x); return out; }
+        STABLE_TORCH_LIBRARY(kload_btl_st, m) { m.def("same(Tensor x) -> Tensor"); }
+        STABLE_TORCH_LIBRARY_IMPL(kload_btl_st, CPU, m) { m.impl("same", TORCH_BOX(&same)); }
     """)
     out = run_py(f"""
         import json, os, torch, kload
         x, res = torch.arange(3.), {{}}
         calls = {{"oplib": lambda h: h.twice(x), "pybind": lambda h: h.vector_add(x, x),
                  "fixed": lambda h: h.mymuladd(x, x, 0.0), "stable": lambda h: h.twice(x),
-                 "stable_fixed": lambda h: h.twice(x)}}
+                 "stable_fixed": lambda h: h.same(x)}}
         for style, call in calls.items():
             h = kload.load(os.path.join({str(tmp_path)!r}, style + ".cpp"), reload=False)
             path = h.build()
@@ -215,8 +219,8 @@ def test_build_then_load_works_for_every_style(tmp_path):
     want = [0.0, 2.0, 4.0]
     for style in ("oplib", "pybind", "fixed", "stable", "stable_fixed"):
         assert out[style][:2] == ["built", True], style
-    assert out["oplib"][2] == out["pybind"][2] == out["stable"][2] == out["stable_fixed"][2] == want
-    assert out["fixed"][2] == [0.0, 1.0, 4.0]
+    assert out["oplib"][2] == out["pybind"][2] == out["stable"][2] == want
+    assert out["fixed"][2] == [0.0, 1.0, 4.0] and out["stable_fixed"][2] == [0.0, 1.0, 2.0]
     assert out["second_owner"] is True
 
 
@@ -312,3 +316,40 @@ def test_kload_ide_lets_clangd_resolve_kernel_and_torch_headers(tmp_path):
     assert subprocess.run([sys.executable, "-m", "kload", "ide", str(other)], env=env, timeout=600).returncode == 0
     files = sorted(c["file"] for c in json.loads((tmp_path / "compile_commands.json").read_text()))
     assert files == sorted([str(src), str(other)])
+
+
+def test_a_killed_build_through_the_patched_loader_blocks_nobody(tmp_path):
+    """torch's own loader leaves its lock file behind when a build is killed, and every
+    later run waits on it for ever (pytorch#189245). Patched, the lock dies with its process."""
+    import signal
+    import subprocess
+    import sys
+    import textwrap
+    import time
+
+    from conftest import last_json, run_code, tiny
+
+    cache = tmp_path / "cache"
+    src = tiny(tmp_path, "killed_ext", factor=4)
+    code = f"""
+        import json, logging, torch, kload
+        logging.basicConfig(level=logging.WARNING)
+        from torch.utils.cpp_extension import load
+        ops = load(name="killed_ext", sources=[{str(src)!r}])   # an op library: a handle
+        print(json.dumps({{"out": ops.killed_ext(torch.ones(2)).tolist()}}))
+    """
+    env = dict(os.environ, KLOAD_CACHE_DIR=str(cache), KLOAD_PATCH_TORCH="1", **NO_PCH)
+    victim = subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.time() + 120
+    while not list((cache / "build").glob("*/.ninja_log")) and not list((cache / "build").glob("*/build.ninja")):
+        assert victim.poll() is None, "the build finished before it could be killed"
+        assert time.time() < deadline, "no build started"
+        time.sleep(0.05)
+    time.sleep(0.5)  # ninja and the compiler are running
+    victim.send_signal(signal.SIGKILL)
+    victim.wait()
+    started = time.time()
+    proc = run_code(code, {"KLOAD_CACHE_DIR": str(cache), "KLOAD_PATCH_TORCH": "1", **NO_PCH}, timeout=300)
+    assert last_json(proc) == {"out": [4.0, 4.0]}
+    assert "interrupted" in proc.stderr and time.time() - started < 300
