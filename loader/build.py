@@ -265,7 +265,8 @@ def _run_torch_build(plan_: Plan, ws: Path, sources: list[str], pch_cflags: list
     kload_include = "-I" + shlex.quote(str(include_dir()))
     # the CUDA headers of a PyPI torch, after the toolkit's own (not keyed: torch's identity covers them)
     cuda_includes = [f"-isystem {shlex.quote(p)}" for p in toolchain.pip_cuda_includes()] if plan_.with_cuda else []
-    torch_load = getattr(cpp_extension.load, "__kload_wraps__", cpp_extension.load)  # torch's, even when patched
+    # torch's own function, even when kload.patch() (or anything on top of it) replaced the attribute
+    torch_load = getattr(cpp_extension, "_kload_torch_load", cpp_extension.load)
     try:
         torch_load(
             name=plan_.name,

@@ -32,7 +32,8 @@ from .toolchain import cuda_unavailable_reason
 log = logging.getLogger("kload")
 
 # torch's functions as they were before any patch (a re-import must not capture ours)
-TORCH_LOAD = getattr(_torch_ext.load, "__kload_wraps__", _torch_ext.load)
+TORCH_LOAD = getattr(_torch_ext, "_kload_torch_load", None) or getattr(_torch_ext.load, "__kload_wraps__",
+                                                                        _torch_ext.load)
 TORCH_LOAD_INLINE = getattr(_torch_ext.load_inline, "__kload_wraps__", _torch_ext.load_inline)
 _LOAD_SIG = inspect.signature(TORCH_LOAD)
 _INLINE_SIG = inspect.signature(TORCH_LOAD_INLINE)
@@ -190,6 +191,7 @@ def patch() -> None:
     KLOAD_PATCH_TORCH=1, read at ``import kload``)."""
     if is_patched():
         return
+    _torch_ext._kload_torch_load = TORCH_LOAD  # what kload's own builds call (build.py)
     _torch_ext.load = _wrapped(load, TORCH_LOAD)
     _torch_ext.load_inline = _wrapped(load_inline, TORCH_LOAD_INLINE)
 

@@ -67,6 +67,7 @@ def test_patch_and_unpatch_swap_torchs_functions():
     try:
         assert torch_ext.load is not original and kce.is_patched()
         assert torch_ext.load.__kload_wraps__ is original
+        assert torch_ext._kload_torch_load is original  # what kload's builds call, whatever wraps load
         assert inspect.signature(torch_ext.load) == inspect.signature(original)
         kload.patch()  # twice: still one layer
         assert torch_ext.load.__kload_wraps__ is original
