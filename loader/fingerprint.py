@@ -28,12 +28,11 @@ _FAST = 2  # the hit record's own format
 def fingerprint(opts: Options) -> tuple[str, str] | None:
     """``(fingerprint, compiler path)`` for the hit record of these options, or None
     where the record cannot stand in for the full lookup: CUDA sources (the key
-    depends on the GPUs found) and ``-march=native`` (on the CPU model)."""
+    depends on the GPUs found). ``-march=native`` builds add the CPU model and flags
+    (one read of /proc/cpuinfo), as their key does."""
     if any(p.suffix in CUDA_SUFFIXES for p in opts.paths):
         return None
-    flags = opts.cflags + opts.ldflags
-    if any("native" in f for f in flags):
-        return None
+    native = knobs.host_cpu() if any("native" in f for f in opts.cflags + opts.ldflags) else None
     cxx_command = knobs.cxx_command()
     cxx = knobs.which(cxx_command)
     if cxx is None:
@@ -42,6 +41,7 @@ def fingerprint(opts: Options) -> tuple[str, str] | None:
     env["PATH"] = os.environ.get("PATH", "")
     # repr() of str/bool/list/dict values is unambiguous and cheap (no hashing here)
     return repr((_FAST, SCHEMA, opts.name, [str(p) for p in opts.paths], opts.cflags, opts.cuda_cflags,
-                 opts.ldflags, opts.include_paths, opts.debug, knobs.fast_link(), sorted(env.items()),
+                 opts.ldflags, opts.include_paths, opts.debug, opts.with_cuda, opts.standalone, native,
+                 knobs.fast_link(), sorted(env.items()),
                  cxx_command, sorted(knobs.torch_identity().items()), sorted(knobs.python_identity().items()),
                  _KERNELS)), cxx

@@ -231,3 +231,24 @@ def python_identity() -> dict:
         "ext_suffix": EXTENSION_SUFFIXES[0],
         "abiflags": getattr(sys, "abiflags", ""),
     }
+
+
+def host_cpu() -> str:
+    """The CPU model and feature flags (what -march=native compiles for)."""
+    model, flags = "", ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name") and not model:
+                    model = line.split(":", 1)[1].strip()
+                elif line.startswith("flags") and not flags:
+                    flags = line.split(":", 1)[1].strip()
+                if model and flags:
+                    break
+    except OSError:
+        import platform
+
+        return platform.processor() or platform.machine()
+    import hashlib
+
+    return f"{model} flags:{hashlib.sha256(flags.encode()).hexdigest()[:16]}"

@@ -149,7 +149,7 @@ def plan(opts: Options, store: Store) -> Plan:
     if skipped:  # [a.cpp] and [a.cpp, a.cu] are different libraries even where a.cu cannot build
         inputs["not_built"] = [str(s.path) for s in skipped]  # paths: editing them here changes nothing
     if any("native" in f for f in cflags + cuda_cflags):
-        inputs["host_cpu"] = toolchain.host_cpu()  # -march=native binaries run only where built
+        inputs["host_cpu"] = knobs.host_cpu()  # -march=native binaries run only where built
     if with_cuda:
         inputs["nvcc"] = toolchain.compiler_identity(
             str(Path(toolchain.find_cuda_home(), "bin", "nvcc")), store.root)

@@ -18,27 +18,6 @@ from kload.cache.store import read_json, write_json_atomic
 
 
 @lru_cache(maxsize=None)
-def host_cpu() -> str:
-    """The CPU model and feature flags (what -march=native compiles for)."""
-    model, flags = "", ""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name") and not model:
-                    model = line.split(":", 1)[1].strip()
-                elif line.startswith("flags") and not flags:
-                    flags = line.split(":", 1)[1].strip()
-                if model and flags:
-                    break
-    except OSError:
-        import platform
-
-        return platform.processor() or platform.machine()
-    import hashlib
-
-    return f"{model} flags:{hashlib.sha256(flags.encode()).hexdigest()[:16]}"
-
-
 def has_gold(cache_root: Path) -> bool:
     """Is ``ld.gold`` on PATH? Remembered in the cache's memo per PATH: a hit checks
     the remembered file with one access() instead of searching PATH. (Which gold is
