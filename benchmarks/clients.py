@@ -18,6 +18,7 @@ every op of the process (before) against looking up the library's own names (now
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import tempfile
@@ -107,6 +108,8 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--clients", default="deepspeed,sru")
     args = ap.parse_args()
+    # a user's Python writes bytecode; without it each fresh process would compile kload's modules again
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
     work = Path(tempfile.mkdtemp(prefix="kload-clients-"))
     rows = []
     for client in args.clients.split(","):
