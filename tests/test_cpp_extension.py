@@ -354,3 +354,33 @@ def test_a_killed_build_through_the_patched_loader_blocks_nobody(tmp_path):
     proc = run_code(code, {"KLOAD_CACHE_DIR": str(cache), "KLOAD_PATCH_TORCH": "1", **NO_PCH}, timeout=300)
     assert last_json(proc) == {"out": [4.0, 4.0]}
     assert "interrupted" in proc.stderr and time.time() - started < 300
+
+
+def test_kload_ide_line_magic_writes_the_database(tmp_path):
+    """%kload ide, in an IPython shell of its own process (an IPython shell in the test
+    process would turn on reload-on-save for every later test's handles)."""
+    pytest.importorskip("IPython")
+    src = tmp_path / "axpy.cpp"
+    src.write_text((EXAMPLES / "vector_add.cpp").read_text())
+    out = run_py(f"""
+        import io, json, contextlib
+        from IPython.core.interactiveshell import InteractiveShell
+        from kload.magic import CellError, KloadMagics
+        shell = InteractiveShell.instance()
+        shell.register_magics(KloadMagics)  # what %load_ext kload registers, without its background precompiles
+        said = io.StringIO()
+        with contextlib.redirect_stdout(said):
+            shell.run_line_magic("kload", "ide {src}")
+        try:
+            shell.run_line_magic("kload", "ide")
+            err = None
+        except CellError as e:
+            err = str(e)
+        print(json.dumps({{"said": said.getvalue(), "err": err}}))
+    """, env=NO_PCH)
+    assert "1 compile command" in out["said"] and "%kload ide needs SOURCES" in out["err"]
+    db = json.loads((tmp_path / "compile_commands.json").read_text())
+    assert [c["file"] for c in db] == [str(src)]
+    from kload.options import include_dir
+
+    assert "-I" + str(include_dir()) in db[0]["arguments"]  # where <kload/kernel.h> is
