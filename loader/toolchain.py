@@ -11,7 +11,6 @@ import shutil
 from functools import lru_cache
 from pathlib import Path
 
-from . import knobs
 from .errors import KloadError
 from .knobs import cxx_command, keyed_environment, python_identity, torch_identity, which  # noqa: F401
 from kload.cache.store import read_json, write_json_atomic

@@ -11,7 +11,6 @@ import os
 import re
 
 import pytest
-import torch
 import torch.utils.cpp_extension as torch_ext
 
 import kload
