@@ -152,12 +152,17 @@ def _reset_interrupted(ws: Path, name: str) -> None:
     shutil.rmtree(trash, ignore_errors=True)
 
 
+def workspace(plan_: Plan, store: Store) -> Path:
+    """The plan's persistent ninja directory (its objects survive edits); its lock is
+    ``locks/<same name>.lock``."""
+    return store.builds / f"{plan_.name}-{workspace_key(plan_.inputs)[:12]}"
+
+
 def _compile_locked(plan_: Plan, store: Store) -> tuple[Entry, float]:
     name = plan_.name
-    wkey = workspace_key(plan_.inputs)
-    ws = store.builds / f"{name}-{wkey[:12]}"
+    ws = workspace(plan_, store)
     store.prepare()
-    with build_lock(store.locks / f"{name}-{wkey[:12]}.lock", name):
+    with build_lock(store.locks / f"{ws.name}.lock", name):
         again = store.lookup(plan_.skey)
         if again is not None:  # another process built it while we waited
             return again, 0.0

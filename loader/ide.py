@@ -15,11 +15,10 @@ import os
 import shlex
 from pathlib import Path
 
-from kload.cache.key import workspace_key
 from kload.cache.store import Store, write_atomic
 
 from . import knobs
-from .build import COMPDB
+from .build import COMPDB, workspace
 from .errors import KloadError
 from .handle import Handle
 from .plan import plan
@@ -49,7 +48,7 @@ def build_commands(handle: Handle) -> list[dict]:
     handle.build()
     store = Store(knobs.cache_dir())
     p = plan(handle._opts, store)
-    ws = store.builds / f"{p.name}-{workspace_key(p.inputs)[:12]}"
+    ws = workspace(p, store)
     db = ws / COMPDB
     try:
         commands = json.loads(db.read_text())

@@ -77,14 +77,15 @@ def plan(opts: Options, store: Store) -> Plan:
         toolchain.save_memo(store.root)
     if not (sset.op_library or sset.python_module or sset.fixed_namespaces or opts.standalone or opts.as_torch):
         raise no_bindings(sset)
-    reason = toolchain.cuda_unavailable_reason() if sset.has_cuda else None
+    # torch's with_cuda=True asks for CUDA headers and libraries for .cpp sources too
+    reason = toolchain.cuda_unavailable_reason() if sset.has_cuda or opts.with_cuda else None
+    if reason and opts.as_torch:  # torch's loader raises here (OSError: CUDA_HOME ...); callers catch it to fall back
+        raise OSError(f"kload: {opts.name!r} has CUDA sources, and they cannot be built here: {reason} "
+                      "(kload.load would build the C++ part alone)")
     built = [s for s in sset.sources if not (s.is_cuda and reason)]
     if not built:
         raise KloadError(f"kload: {opts.name!r} has only CUDA sources, and they cannot be built here: {reason}")
-    with_cuda = any(s.is_cuda for s in built)
-    if opts.with_cuda and not with_cuda:  # torch's with_cuda=True: CUDA headers and libraries for .cpp sources
-        reason = reason or toolchain.cuda_unavailable_reason()
-        with_cuda = reason is None
+    with_cuda = any(s.is_cuda for s in built) or bool(opts.with_cuda and not reason)
     if reason and opts.name not in _said_cuda_skip:
         _said_cuda_skip.add(opts.name)
         log.warning("kload: building %r for the CPU only: %s", opts.name, reason)
