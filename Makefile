@@ -31,10 +31,10 @@ install: $(VENV)/.installed
 demo: $(VENV)/.installed
 	$(PY) examples/demo.py
 
-# Debian's ccache (the compiler-launcher test) and clangd (the `kload ide` test): installed
-# when missing and we are root
+# Debian's ccache (the compiler-launcher test), clangd (the `kload ide` test) and redis-server
+# (the remote-cache tests start their own, on loopback): installed when missing and we are root
 test: $(VENV)/.installed
-	@for tool in ccache clangd; do command -v $$tool >/dev/null || { [ "$$(id -u)" = 0 ] && \
+	@for tool in ccache clangd redis-server; do command -v $$tool >/dev/null || { [ "$$(id -u)" = 0 ] && \
 	  command -v apt-get >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$tool >/dev/null; } || \
 	  echo "note: $$tool is not installed; its test will be skipped"; done
 	$(PY) -m pytest -q tests

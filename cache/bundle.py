@@ -34,7 +34,7 @@ from pathlib import Path
 from kload.errors import KloadError
 
 from . import LAST_USED, MANIFEST, SCHEMA, Entry, entry_in_use, read_json, stamp_of
-from .key import full_key, sha256_now
+from .key import manifest_problem, sha256_now
 from .store import Store, write_json_atomic
 
 BUNDLE_MANIFEST = "kload-bundle.json"
@@ -250,27 +250,17 @@ def _check_entry(bundle, r: dict, staged: Path, art_sha: str) -> dict:
     where = f"entry {r['dir']}"
     if m is None:
         raise _refused(bundle, f"{where} has no readable manifest")
-    if m.get("schema") != SCHEMA:
-        raise _refused(bundle, f"{where} has cache schema {m.get('schema')!r}; this kload reads schema {SCHEMA}")
-    for k in ("key", "name", "artifact"):
-        if m.get(k) != r[k]:
-            raise _refused(bundle, f"{where}: its manifest's {k} {m.get(k)!r} is not the bundle's {r[k]!r}")
-    if m.get("kind", "library") != "library":
-        raise _refused(bundle, f"{where} is not a library entry (kind {m.get('kind')!r})")
-    if m.get("sha256") != art_sha or m.get("size") != os.stat(staged / r["artifact"]).st_size:
-        raise _refused(bundle, f"{where}: its manifest's artifact sha256/size does not match the artifact "
-                               f"{r['artifact']} (the artifact was altered)")
-    skey, headers = m.get("source_key"), m.get("headers")
-    if not (isinstance(skey, str) and _HEX64.match(skey) and isinstance(headers, dict)
-            and all(isinstance(k, str) and isinstance(v, str) for k, v in headers.items())
-            and full_key(skey, headers) == m["key"]):
-        raise _refused(bundle, f"{where}: its key is not the hash of its source key and header closure")
+    problem = manifest_problem(m, r, art_sha, os.stat(staged / r["artifact"]).st_size)
+    if problem:
+        raise _refused(bundle, f"{where}{problem}")
     return m
 
 
-def _publish(store: Store, staged: Path, m: dict, bundle) -> str:
+def publish_staged(store: Store, staged: Path, m: dict, origin: dict) -> str:
     """Move a verified staged entry into the cache as a build publishes it; "imported"
-    or "present" (an intact entry of that key is there already: left as it is)."""
+    or "present" (an intact entry of that key is there already: left as it is).
+    ``origin`` (where it came from: a bundle, a remote cache) goes into its manifest
+    as ``imported``. Also the remote cache's download path (remote.py)."""
     dest = store.entries / staged.name
     cand = {"key": m["key"], "entry": dest.name, "headers": m["headers"], "stamps": {}}
     have = read_json(dest / MANIFEST)
@@ -287,7 +277,7 @@ def _publish(store: Store, staged: Path, m: dict, bundle) -> str:
     art = staged / m["artifact"]
     os.chmod(art, 0o700)
     os.chmod(staged / MANIFEST, 0o600)
-    m = dict(m, stat=stamp_of(os.stat(art)), imported={"bundle": os.path.abspath(bundle), "at": time.time()})
+    m = dict(m, stat=stamp_of(os.stat(art)), imported=dict(origin, at=time.time()))
     write_json_atomic(staged / MANIFEST, m)  # the stamp a hit record compares with
     os.close(os.open(staged / LAST_USED, os.O_WRONLY | os.O_CREAT, 0o600))
     if dest.exists():  # a damaged or half-published entry for this very key
@@ -337,7 +327,7 @@ def import_bundle(store: Store, bundle: Path) -> list[dict]:
                 store.prepare()
                 out = []
                 for r, m in verified:
-                    status = _publish(store, staging / r["dir"], m, bundle)
+                    status = publish_staged(store, staging / r["dir"], m, {"bundle": os.path.abspath(bundle)})
                     out.append(dict(dir=r["dir"], name=r["name"], key=r["key"], status=status,
                                     torch=(m.get("inputs") or {}).get("torch"), **_absent(m)))
                 return out

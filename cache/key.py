@@ -11,8 +11,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 
 from . import SCHEMA, stamp_of  # noqa: F401 (re-exported)
+
+_HEX64 = re.compile(r"[0-9a-f]{64}\Z")
 
 
 def digest(obj) -> str:
@@ -88,3 +91,26 @@ def sha256_now(path) -> str | None:
     except OSError:
         return None
     return h.hexdigest()
+
+
+def manifest_problem(m: dict, expect: dict, art_sha: str, art_size: int) -> str | None:
+    """Why an entry manifest that came from outside (a bundle, a remote cache) cannot be
+    published, or None: its schema, its ``key``/``name``/``artifact`` against ``expect``,
+    the artifact's hash and size, and its key against its source key and header closure.
+    The text follows the entry's name (" has …" / ": …")."""
+    if m.get("schema") != SCHEMA:
+        return f" has cache schema {m.get('schema')!r}; this kload reads schema {SCHEMA}"
+    for k in ("key", "name", "artifact"):
+        if m.get(k) != expect[k]:
+            return f": its manifest's {k} {m.get(k)!r} is not the expected {expect[k]!r}"
+    if m.get("kind", "library") != "library":
+        return f" is not a library entry (kind {m.get('kind')!r})"
+    if m.get("sha256") != art_sha or m.get("size") != art_size:
+        return (f": its manifest's artifact sha256/size does not match the artifact {expect['artifact']} "
+                "(the artifact was altered)")
+    skey, headers = m.get("source_key"), m.get("headers")
+    if not (isinstance(skey, str) and _HEX64.match(skey) and isinstance(headers, dict)
+            and all(isinstance(k, str) and isinstance(v, str) for k, v in headers.items())
+            and full_key(skey, headers) == m["key"]):
+        return ": its key is not the hash of its source key and header closure"
+    return None

@@ -106,6 +106,15 @@ def cmd_ide(args) -> int:
     return 0
 
 
+def _remote_cmd(name: str):
+    """A remote-cache command; redis is imported only when one runs."""
+    def run(args) -> int:
+        from . import cli_remote
+
+        return getattr(cli_remote, name)(args)
+    return run
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kload", description="kload: JIT-compiled kernels for PyTorch; "
                                 f"cache at $KLOAD_CACHE_DIR (now {knobs.cache_dir()})")
@@ -115,7 +124,8 @@ def parser() -> argparse.ArgumentParser:
     csub = cache.add_subparsers(dest="cache_command", required=True)
     c = csub.add_parser("list", help="every entry: name, key, size, last use, torch, compiler")
     c.add_argument("--json", action="store_true", help="machine-readable output")
-    c.set_defaults(func=cmd_list)
+    c.add_argument("--remote", action="store_true", help="the entries of the remote cache (KLOAD_REMOTE_CACHE)")
+    c.set_defaults(func=lambda a: _remote_cmd("cmd_list_remote")(a) if a.remote else cmd_list(a))
     c = csub.add_parser("info", help="every key input of one entry")
     c.add_argument("key", help="a key prefix (>= 4 characters) or an entry name")
     c.set_defaults(func=cmd_info)
@@ -138,6 +148,12 @@ def parser() -> argparse.ArgumentParser:
     c = csub.add_parser("import", help="verify a bundle whole, then add its entries (exit status 1 if refused)")
     c.add_argument("bundle", help="a bundle written by `kload cache export`")
     c.set_defaults(func=cmd_import)
+    c = csub.add_parser("push", help="upload entries to the remote cache (KLOAD_REMOTE_CACHE), signed if a key is set")
+    c.add_argument("names", nargs="*", metavar="NAME|KEY", help="library names or key prefixes (none: every entry)")
+    c.set_defaults(func=_remote_cmd("cmd_push"))
+    c = csub.add_parser("pull", help="download and verify entries of the remote cache (exit status 1 if any refused)")
+    c.add_argument("names", nargs="*", metavar="NAME|KEY", help="library names or key prefixes (none: every entry)")
+    c.set_defaults(func=_remote_cmd("cmd_pull"))
 
     flags = argparse.ArgumentParser(add_help=False)
     flags.add_argument("sources", nargs="*", help=".cpp/.cu files")

@@ -134,6 +134,64 @@ def patch_torch() -> bool:
     return _flag("KLOAD_PATCH_TORCH")
 
 
+def remote_cache() -> str | None:
+    """``KLOAD_REMOTE_CACHE`` (``redis://[:PASSWORD@]HOST:PORT/DB``, ``rediss://``, ``unix://``):
+    a Redis server shared by a cluster; unset: none (docs/cache.md#remote-cache)."""
+    return os.environ.get("KLOAD_REMOTE_CACHE", "").strip() or None
+
+
+def remote_password() -> str | None:
+    """``KLOAD_REMOTE_CACHE_PASSWORD``: the server's password, when not in the URL."""
+    return os.environ.get("KLOAD_REMOTE_CACHE_PASSWORD") or None
+
+
+def remote_secret() -> bytes | None:
+    """``KLOAD_REMOTE_CACHE_KEY``: the shared secret that signs uploads (HMAC-SHA256); with it
+    set, an unsigned or wrongly signed remote entry is refused. Unset: trusted by hash only."""
+    value = os.environ.get("KLOAD_REMOTE_CACHE_KEY")
+    return value.encode() if value else None
+
+
+def _seconds(name: str, default: str) -> float | None:
+    """A duration knob: ``30``, ``90s``, ``15m``, ``12h``, ``7d``; ``0``/``none``: None."""
+    text = (os.environ.get(name) or default).strip().lower()
+    if text in ("0", "none", "off"):
+        return None
+    unit = {"s": 1, "m": 60, "h": 3600, "d": 86400}.get(text[-1:], None)
+    try:
+        value = float(text[:-1] if unit else text) * (unit or 1)
+    except ValueError:
+        value = -1.0
+    if value <= 0:
+        raise ValueError(f"kload: {name}={text!r} is not a duration (use seconds, or e.g. 90s, 15m, 7d)")
+    return value
+
+
+def remote_ttl() -> int | None:
+    """``KLOAD_REMOTE_CACHE_TTL`` (default 7d; ``0``: none): every remote key expires this long
+    after its upload or its last download."""
+    value = _seconds("KLOAD_REMOTE_CACHE_TTL", "7d")
+    return None if value is None else max(1, int(value))
+
+
+def remote_timeout() -> float:
+    """``KLOAD_REMOTE_CACHE_TIMEOUT`` (default 5 s): the limit of every call to the server."""
+    return _seconds("KLOAD_REMOTE_CACHE_TIMEOUT", "5") or 5.0
+
+
+def remote_wait() -> float:
+    """``KLOAD_REMOTE_CACHE_WAIT`` (default 15m): how long to wait for another node's build
+    of the same key before building here."""
+    return _seconds("KLOAD_REMOTE_CACHE_WAIT", "15m") or 0.0
+
+
+def remote_chunk() -> int:
+    """``KLOAD_REMOTE_CACHE_CHUNK`` (default 4M): artifacts travel in values of this size."""
+    from kload.cache.store import parse_size
+
+    return parse_size(os.environ.get("KLOAD_REMOTE_CACHE_CHUNK") or "4M") or (4 << 20)
+
+
 def cxx_launcher() -> str | None:
     """``KLOAD_CXX_LAUNCHER`` (e.g. ``ccache``, ``sccache``): run in front of the C++ compiler."""
     return os.environ.get("KLOAD_CXX_LAUNCHER") or None

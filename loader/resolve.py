@@ -34,6 +34,14 @@ def resolve_entry(opts: Options) -> tuple[Entry, str, float]:
     return entry, how, time.perf_counter() - started
 
 
+def _remote_hit(p, store) -> Entry | None:
+    if not knobs.remote_cache():
+        return None
+    from .remote import fetch_only  # redis: only when a remote cache is set
+
+    return fetch_only(p, store)
+
+
 def resolve_full(opts: Options, root: Path, fast: tuple[str, str] | None) -> tuple[Entry, str]:
     """``(entry, "cache" | "built")`` the full way: hash the inputs, look the key up,
     else lock and compile. Then write the hit record for ``fast`` (the fingerprint
@@ -49,6 +57,8 @@ def resolve_full(opts: Options, root: Path, fast: tuple[str, str] | None) -> tup
     how = "cache"
     if entry is not None:
         entry.touch()
+    elif knobs.disable_jit() and (fetched := _remote_hit(p, store)) is not None:
+        entry = fetched  # KLOAD_DISABLE_JIT compiles nothing, but a cluster's cache may have it
     else:
         if knobs.disable_jit():
             from .errors import KloadError

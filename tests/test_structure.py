@@ -14,17 +14,17 @@ PACKAGES = {"kload": ROOT / "loader", "kload.cache": ROOT / "cache"}
 ORDER = [
     "kload.errors",                                                # basics
     "kload.cache", "kload.cache.key", "kload.cache.store", "kload.cache.lock",
-    "kload.cache.bundle",
+    "kload.cache.bundle", "kload.cache.remote",
     "kload.knobs",
     "kload.options",                                               # 1 what the user passed
     "kload.fingerprint", "kload.toolchain", "kload.sources",       # 2 fingerprint and key inputs
     "kload.plan", "kload.explain",                                 # 3 plan, source key
     "kload.precompile", "kload.pch",                               # 4 precompiled headers
-    "kload.progress", "kload.compilers", "kload.build",            # 4 build
+    "kload.progress", "kload.compilers", "kload.remote", "kload.build",            # 4 build
     "kload.library",                                               # 5 load a library into the process
     "kload.resolve",                                               # 6 hit record / full lookup / build
     "kload.watch", "kload.handle",                                 # 7 the user's Handle
-    "kload.api", "kload.ide", "kload.cpp_extension", "kload.magic", "kload.cli_cache", "kload.__main__", "kload",  # 8 front doors
+    "kload.api", "kload.ide", "kload.cpp_extension", "kload.magic", "kload.cli_cache", "kload.cli_remote", "kload.__main__", "kload",  # 8 front doors
 ]
 
 

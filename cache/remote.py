@@ -1,0 +1,261 @@
+"""The shared remote cache on Redis (docs/cache.md#remote-cache): entries, their
+signatures, and the cluster-wide build lease. ``kload/remote.py`` decides when
+to use it; this module only speaks to the server.
+
+Keys (``kload:<schema>:`` first, so one server can hold other tools' caches):
+
+    idx:<source key>    a hash: full key -> its header closure (JSON). A hint only: the
+                        signed manifest decides, and its key must hash from these headers
+    man:<key>           {"body": manifest JSON, "sig": HMAC-SHA256 hex or null}; written
+                        after every chunk, so a reader that finds it finds a whole upload
+    art:<key>:<i>       the artifact, in chunks of ``chunk`` bytes
+    lease:<source key>  "HOST:PID building NAME": SET NX with an expiry, renewed while the
+                        build runs, deleted (by its holder only) after the upload
+    fail:<source key>   the holder's build failed: waiters stop waiting and build locally
+
+Every key of an entry carries the TTL (``KLOAD_REMOTE_CACHE_TTL``); a download
+refreshes it. Eviction beyond that (``maxmemory``) is the server's: an entry whose
+chunks were evicted fails its size/hash check and is a miss, never half an entry.
+
+Every call has a timeout (connect and read) and no retries: a server that is down,
+slow, full or drops the connection raises :class:`RemoteError` at once, and the
+caller builds locally. Nothing downloaded is trusted: it is staged in the cache root,
+hashed on the way, checked against its manifest (and its signature when a secret is
+set), and published with the same rename a bundle import uses (bundle.py).
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+import shutil
+import socket
+import time
+import uuid
+from urllib.parse import urlsplit, urlunsplit
+
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from . import MANIFEST, SCHEMA, Entry
+from .bundle import publish_staged
+from .key import manifest_problem
+from .store import Store
+
+PREFIX = f"kload:{SCHEMA}:"
+MAX_ARTIFACT = 4 << 30      # bytes: a manifest that claims more is refused unread
+
+
+class RemoteError(Exception):
+    """The server could not be used (down, refusing, slow, full, dropped): build locally."""
+
+
+class Refused(Exception):
+    """A remote entry that did not verify: it is never loaded."""
+
+
+def redact(url: str) -> str:
+    """The URL without its password (for messages and manifests)."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.hostname or ""
+    netloc = f"{parts.username + ':' if parts.username else ':'}***@{host}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def me() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+# compare-and-delete / compare-and-renew: only the holder touches its lease
+_RELEASE = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end"
+_RENEW = ("if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) "
+          "else return 0 end")
+
+
+class Remote:
+    """One Redis server. ``secret``: the HMAC key (None: entries are trusted by hash)."""
+
+    def __init__(self, url: str, *, password: str | None, secret: bytes | None, timeout: float,
+                 ttl: int | None, chunk: int):
+        scheme = urlsplit(url).scheme
+        if scheme not in ("redis", "rediss", "unix"):
+            raise ValueError(f"kload: KLOAD_REMOTE_CACHE={redact(url)!r} is not a redis://, rediss:// or unix:// URL")
+        self.where = redact(url)
+        self.secret, self.ttl, self.chunk = secret, ttl, max(1 << 16, chunk)
+        kwargs = {"password": password} if password else {}
+        self.r = redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout,
+                                      retry=Retry(NoBackoff(), 0), health_check_interval=0, **kwargs)
+
+    def _do(self, what: str, fn, *args):
+        try:
+            return fn(*args)
+        except (redis.RedisError, OSError) as e:
+            raise RemoteError(f"{what}: {type(e).__name__}: {e}") from None
+
+    # -- entries ----------------------------------------------------------------------
+    def candidates(self, skey: str) -> dict[str, dict]:
+        """Full key -> header closure, of every entry uploaded for this source key."""
+        raw = self._do("reading the index", self.r.hgetall, PREFIX + "idx:" + skey)
+        out = {}
+        for k, v in raw.items():
+            try:
+                headers = json.loads(v)
+            except ValueError:
+                continue
+            if isinstance(headers, dict):
+                out[k.decode(errors="replace")] = headers
+        return out
+
+    def _sign(self, body: bytes) -> str | None:
+        return hmac.new(self.secret, body, hashlib.sha256).hexdigest() if self.secret else None
+
+    def upload(self, entry: Entry) -> int:
+        """Put ``entry`` on the server: chunks, then the signed manifest, then the index
+        hint. Returns the bytes sent. A failure part-way leaves no manifest, so no reader
+        sees the partial upload (its chunks expire)."""
+        m = {k: v for k, v in entry.manifest.items() if k not in ("stat", "imported")}
+        key, skey = m["key"], m["source_key"]
+        ex = self.ttl
+        sent = 0
+        with open(entry.artifact, "rb") as f:
+            i = 0
+            while True:
+                data = f.read(self.chunk)
+                if not data and i:
+                    break
+                self._do("uploading", self.r.set, f"{PREFIX}art:{key}:{i}", data, ex)
+                sent += len(data)
+                i += 1
+                if len(data) < self.chunk:
+                    break
+        if sent != m["size"]:
+            raise RemoteError(f"{entry.artifact} changed while it was uploaded")
+        body = json.dumps({"manifest": m, "chunks": i, "chunk": self.chunk, "by": me()}, sort_keys=True).encode()
+        doc = json.dumps({"body": body.decode(), "sig": self._sign(body)})
+        self._do("uploading", self.r.set, f"{PREFIX}man:{key}", doc, ex)
+        pipe = self.r.pipeline(transaction=False)
+        pipe.hset(PREFIX + "idx:" + skey, key, json.dumps(m["headers"], sort_keys=True))
+        if ex:
+            pipe.expire(PREFIX + "idx:" + skey, ex)
+        self._do("uploading", pipe.execute)
+        return sent
+
+    def manifest(self, key: str) -> tuple[dict, int, int, str | None] | None:
+        """``(manifest, chunks, chunk size, uploader)`` of ``key``, verified against the
+        secret; None if there is none; :class:`Refused` if it does not verify."""
+        raw = self._do("reading a manifest", self.r.get, f"{PREFIX}man:{key}")
+        if raw is None:
+            return None
+        try:
+            doc = json.loads(raw)
+            body = doc["body"].encode()
+            sig = doc.get("sig")
+            outer = json.loads(body)
+            m, chunks, chunk = outer["manifest"], int(outer["chunks"]), int(outer["chunk"])
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise Refused(f"its manifest is not readable ({type(e).__name__})") from None
+        if self.secret is not None:
+            if not isinstance(sig, str):
+                raise Refused("it is unsigned and KLOAD_REMOTE_CACHE_KEY is set")
+            if not hmac.compare_digest(sig, self._sign(body)):
+                raise Refused("its signature does not match (another key signed it, or it was altered)")
+        if not isinstance(m, dict) or not isinstance(m.get("size"), int) or not 0 <= m["size"] <= MAX_ARTIFACT:
+            raise Refused("its manifest has no valid size")
+        if chunks < 1 or chunk < 1 or chunks != max(1, -(-m["size"] // chunk)):
+            raise Refused(f"its manifest lists {chunks} chunks of {chunk} bytes for {m['size']} bytes")
+        return m, chunks, chunk, outer.get("by") if isinstance(outer.get("by"), str) else None
+
+    def download(self, store: Store, skey: str, key: str, name: str) -> Entry | None:
+        """Fetch, verify and publish entry ``key`` into ``store``; None if the server has
+        none. :class:`Refused` if it does not verify (nothing is written then)."""
+        got = self.manifest(key)
+        if got is None:
+            return None
+        m, chunks, _chunk, by = got
+        artifact = m.get("artifact")
+        if not isinstance(artifact, str) or "/" in artifact or artifact.startswith(".") or not artifact:
+            raise Refused(f"its artifact name {artifact!r} is not a file name")
+        if m.get("source_key") != skey:
+            raise Refused("its source key is not the one looked up")
+        store.prepare()
+        staging = store.root / f".remote-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        staged = staging / f"{name}-{key[:16]}"
+        try:
+            staged.mkdir(mode=0o700, parents=True)
+            h, size = hashlib.sha256(), 0
+            fd = os.open(staged / artifact, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                for i in range(chunks):
+                    data = self._do("downloading", self.r.get, f"{PREFIX}art:{key}:{i}")
+                    if data is None:
+                        raise Refused(f"chunk {i} of {chunks} is missing (evicted, or the upload was cut)")
+                    size += len(data)
+                    if size > m["size"]:
+                        raise Refused(f"its artifact is longer than its manifest's {m['size']} bytes")
+                    h.update(data)
+                    f.write(data)
+            problem = manifest_problem(m, {"key": key, "name": name, "artifact": artifact}, h.hexdigest(), size)
+            if problem:
+                raise Refused(f"{name}-{key[:16]}{problem}")
+            with open(staged / MANIFEST, "w") as f:
+                json.dump(m, f, indent=1, sort_keys=True)
+            publish_staged(store, staged, m, {"remote": self.where, "by": by})
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        if self.ttl:
+            self.touch(key, chunks, skey)
+        return store.open_entry(store.entries / staged.name, key)
+
+    def touch(self, key: str, chunks: int, skey: str) -> None:
+        """A download refreshes the entry's TTL (the server's eviction sees it used)."""
+        pipe = self.r.pipeline(transaction=False)
+        for k in [f"{PREFIX}man:{key}", PREFIX + "idx:" + skey] + [f"{PREFIX}art:{key}:{i}" for i in range(chunks)]:
+            pipe.expire(k, self.ttl)
+        self._do("refreshing the TTL", pipe.execute)
+
+    def entries(self) -> list[dict]:
+        """Every manifest on the server (``kload cache list --remote``), unverified."""
+        out = []
+        for k in self._do("listing", lambda: list(self.r.scan_iter(match=PREFIX + "man:*", count=500))):
+            key = k.decode(errors="replace")[len(PREFIX) + 4:]
+            raw = self._do("listing", self.r.get, k)
+            try:
+                doc = json.loads(raw)
+                outer = json.loads(doc["body"])
+                m = outer["manifest"]
+                out.append({"key": key, "name": m.get("name"), "size": m.get("size"), "by": outer.get("by"),
+                            "created": m.get("created"), "signed": isinstance(doc.get("sig"), str),
+                            "source_key": m.get("source_key"), "torch": (m.get("inputs") or {}).get("torch")})
+            except (ValueError, KeyError, TypeError, AttributeError):
+                out.append({"key": key, "name": None, "unreadable": True})
+        return out
+
+    # -- the cluster-wide build lease ---------------------------------------------------------
+    def take_lease(self, skey: str, holder: str, ms: int) -> bool:
+        return bool(self._do("taking the build lease", self.r.set, PREFIX + "lease:" + skey, holder, None, ms, True))
+
+    def renew_lease(self, skey: str, holder: str, ms: int) -> bool:
+        return bool(self._do("renewing the build lease", self.r.eval, _RENEW, 1, PREFIX + "lease:" + skey, holder, ms))
+
+    def release_lease(self, skey: str, holder: str) -> None:
+        self._do("releasing the build lease", self.r.eval, _RELEASE, 1, PREFIX + "lease:" + skey, holder)
+
+    def lease_holder(self, skey: str) -> str | None:
+        v = self._do("reading the build lease", self.r.get, PREFIX + "lease:" + skey)
+        return v.decode(errors="replace") if v is not None else None
+
+    def mark_failed(self, skey: str, holder: str, seconds: int = 120) -> None:
+        self._do("recording a failed build", self.r.set, PREFIX + "fail:" + skey, f"{holder} at {time.time():.0f}",
+                 seconds)
+
+    def failed(self, skey: str) -> str | None:
+        v = self._do("reading the build state", self.r.get, PREFIX + "fail:" + skey)
+        return v.decode(errors="replace") if v is not None else None
+
+    def clear_failed(self, skey: str) -> None:
+        self._do("clearing the build state", self.r.delete, PREFIX + "fail:" + skey)
+

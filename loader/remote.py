@@ -1,0 +1,216 @@
+"""Step 4 of a load, on a local miss with ``KLOAD_REMOTE_CACHE`` set: the shared
+remote cache (kload/cache/remote.py speaks to the server; docs/cache.md#remote-cache).
+
+Under the node's build lock (one process per cache directory gets here), build.py
+calls :func:`through`:
+
+1. Look the source key up on the server; an entry whose header closure matches
+   this machine's headers is downloaded, verified and published locally: no compile.
+2. Else take the cluster-wide lease for the source key (SET NX, expiring, renewed
+   while the build runs) and build; then upload, and release the lease.
+3. If another node holds the lease, wait for its upload ("waiting for HOST:PID
+   building X"), then download. Waiting ends, and this node builds, past
+   ``KLOAD_REMOTE_CACHE_WAIT``, when the holder's build failed, or when its lease
+   expired (its process died): then this node takes the lease.
+
+Any fault of the server (down, refusing, slow, full, a dropped connection) gives one
+warning and a local build; the server is not asked again by this process for
+``RETRY_AFTER`` seconds. An entry that does not verify is refused with a warning
+and never loaded.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from kload.cache import Entry
+from kload.cache.key import file_sha256
+from kload.cache.remote import Refused, Remote, RemoteError, me
+from kload.cache.store import Store
+
+from . import knobs
+from .progress import say
+
+log = logging.getLogger("kload")
+
+LEASE_MS = 30_000     # a lease whose holder died expires after this; its holder renews it every third
+POLL = 0.25           # seconds between looks while another node builds
+SAY_EVERY = 15.0      # seconds between "waiting for ..." lines
+RETRY_AFTER = 300.0   # seconds a process leaves a faulty server alone after its one warning
+
+_remotes: dict[tuple, Remote] = {}
+_down_until: dict[tuple, float] = {}
+
+
+def remote() -> Remote | None:
+    """The configured server, or None (unset, misconfigured, or faulty a moment ago)."""
+    url = knobs.remote_cache()
+    if url is None:
+        return None
+    secret = knobs.remote_secret()
+    ident = (url, knobs.remote_password(), secret)
+    if _down_until.get(ident, 0.0) > time.monotonic():
+        return None
+    r = _remotes.get(ident)
+    if r is None:
+        try:
+            r = make(url)
+        except ValueError as e:
+            log.warning("%s; the remote cache is not used", e)
+            _down_until[ident] = float("inf")
+            return None
+        r.ident = ident
+        if secret is None:
+            log.warning("kload: KLOAD_REMOTE_CACHE_KEY is not set, so entries from %s are trusted by their SHA-256 "
+                        "only: anyone who can write to that server can make kload load their code", r.where)
+        _remotes[ident] = r
+    return r
+
+
+def make(url: str) -> Remote:
+    """A client for ``url`` with every knob applied (ValueError: a bad URL or knob)."""
+    return Remote(url, password=knobs.remote_password(), secret=knobs.remote_secret(),
+                  timeout=knobs.remote_timeout(), ttl=knobs.remote_ttl(), chunk=knobs.remote_chunk())
+
+
+def fault(r: Remote, e: Exception) -> None:
+    """One warning, then leave the server alone for a while."""
+    if _down_until.get(r.ident, 0.0) > time.monotonic():
+        return
+    _down_until[r.ident] = time.monotonic() + RETRY_AFTER
+    log.warning("kload: the remote cache %s is unusable (%s); building locally (not asking it again for %.0f s)",
+                r.where, e, RETRY_AFTER)
+
+
+def _headers_here(headers: dict) -> bool:
+    return all(isinstance(sha, str) and file_sha256(path) == sha for path, sha in headers.items())
+
+
+def fetch(r: Remote, plan_, store: Store) -> Entry | None:
+    """Download the entry for the plan's source key whose headers match this machine's."""
+    for key, headers in r.candidates(plan_.skey).items():
+        if not _headers_here(headers):
+            continue
+        started = time.perf_counter()
+        try:
+            entry = r.download(store, plan_.skey, key, plan_.name)
+        except Refused as why:
+            log.warning("kload: refusing the remote entry %s-%s from %s: %s; it is not loaded, %s is built here",
+                        plan_.name, key[:16], r.where, why, plan_.name)
+            continue
+        if entry is not None:
+            log.info("kload: downloaded %s (%d bytes) from %s in %.2f s", entry.path.name,
+                     entry.manifest.get("size", 0), r.where, time.perf_counter() - started)
+            return entry
+    return None
+
+
+class Lease:
+    """This node's claim to build a key: renewed in a thread until :meth:`end`."""
+
+    def __init__(self, r: Remote, skey: str, holder: str):
+        self.r, self.skey, self.holder = r, skey, holder
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._renew, name="kload-lease", daemon=True)
+        self._thread.start()
+
+    def _renew(self) -> None:
+        while not self._stop.wait(LEASE_MS / 3000):
+            try:
+                if not self.r.renew_lease(self.skey, self.holder, LEASE_MS):
+                    log.warning("kload: the build lease of %s expired; another node may build it too", self.holder)
+                    return
+            except RemoteError as e:
+                fault(self.r, e)
+                return
+
+    def end(self, entry: Entry | None) -> None:
+        """Upload ``entry`` (None: the build failed, so waiters build themselves), release."""
+        self._stop.set()
+        self._thread.join()
+        try:
+            if entry is not None:
+                upload(self.r, entry)
+                self.r.clear_failed(self.skey)
+            else:
+                self.r.mark_failed(self.skey, self.holder)
+            self.r.release_lease(self.skey, self.holder)
+        except RemoteError as e:
+            fault(self.r, e)
+
+
+def upload(r: Remote, entry: Entry) -> None:
+    started = time.perf_counter()
+    sent = r.upload(entry)
+    log.info("kload: uploaded %s (%d bytes) to %s in %.2f s", entry.path.name, sent, r.where,
+             time.perf_counter() - started)
+
+
+def fetch_or_lease(r: Remote, plan_, store: Store) -> tuple[Entry | None, Lease | None]:
+    """A downloaded entry, or the lease to build (None, None: build without one)."""
+    name, skey = plan_.name, plan_.skey
+    mine = f"{me()} building {name}"
+    started = time.monotonic()
+    deadline, said, waited = started + knobs.remote_wait(), 0.0, None
+    while True:
+        entry = fetch(r, plan_, store)
+        if entry is not None:
+            return entry, None
+        if waited is not None:
+            failed = r.failed(skey)
+            if failed:
+                log.warning("kload: %s failed (%s); building %s here", waited, failed, name)
+                return None, None
+        if r.take_lease(skey, mine, LEASE_MS):
+            return None, Lease(r, skey, mine)
+        holder = r.lease_holder(skey)
+        now = time.monotonic()
+        if now > deadline:
+            log.warning("kload: waited %.0f s for %s (KLOAD_REMOTE_CACHE_WAIT); building %s here",
+                        now - started, holder or waited, name)
+            return None, None
+        if holder is not None and (holder != waited or now - said >= SAY_EVERY):
+            say(f"kload: waiting for {holder} ({now - started:.0f} s; remote cache {r.where})")
+            waited, said = holder, now
+        time.sleep(POLL)
+
+
+def through(plan_, store: Store, build) -> tuple[Entry, float]:
+    """``build()`` (-> (entry, seconds)) with the remote cache in front of and behind it."""
+    r = remote()
+    if r is None:
+        return build()
+    lease = None
+    try:
+        entry, lease = fetch_or_lease(r, plan_, store)
+        if entry is not None:
+            return entry, 0.0
+    except RemoteError as e:
+        fault(r, e)
+    try:
+        entry, seconds = build()
+    except BaseException:
+        if lease is not None:
+            lease.end(None)
+        raise
+    if lease is not None:
+        lease.end(entry)
+    elif remote() is r:
+        try:
+            upload(r, entry)
+        except RemoteError as e:
+            fault(r, e)
+    return entry, seconds
+
+
+def fetch_only(plan_, store: Store) -> Entry | None:
+    """A remote hit for ``KLOAD_DISABLE_JIT=1`` (nothing compiles, nothing is leased)."""
+    r = remote()
+    if r is None:
+        return None
+    try:
+        return fetch(r, plan_, store)
+    except RemoteError as e:
+        fault(r, e)
+        return None
