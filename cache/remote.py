@@ -31,7 +31,6 @@ import json
 import os
 import shutil
 import socket
-import time
 import uuid
 from urllib.parse import urlsplit, urlunsplit
 
@@ -207,7 +206,10 @@ class Remote:
         finally:
             shutil.rmtree(staging, ignore_errors=True)
         if self.ttl:
-            self.touch(key, chunks, skey)
+            try:
+                self.touch(key, chunks, skey)
+            except RemoteError:
+                pass  # the entry is here already; its TTL is the server's loss
         return store.open_entry(store.entries / staged.name, key)
 
     def touch(self, key: str, chunks: int, skey: str) -> None:
@@ -249,8 +251,7 @@ class Remote:
         return v.decode(errors="replace") if v is not None else None
 
     def mark_failed(self, skey: str, holder: str, seconds: int = 120) -> None:
-        self._do("recording a failed build", self.r.set, PREFIX + "fail:" + skey, f"{holder} at {time.time():.0f}",
-                 seconds)
+        self._do("recording a failed build", self.r.set, PREFIX + "fail:" + skey, holder, seconds)
 
     def failed(self, skey: str) -> str | None:
         v = self._do("reading the build state", self.r.get, PREFIX + "fail:" + skey)

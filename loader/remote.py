@@ -129,15 +129,19 @@ class Lease:
         """Upload ``entry`` (None: the build failed, so waiters build themselves), release."""
         self._stop.set()
         self._thread.join()
-        try:
-            if entry is not None:
+        uploaded = False
+        if entry is not None:
+            try:
                 upload(self.r, entry)
-                self.r.clear_failed(self.skey)
-            else:
-                self.r.mark_failed(self.skey, self.holder)
-            self.r.release_lease(self.skey, self.holder)
-        except RemoteError as e:
-            fault(self.r, e)
+                uploaded = True
+            except RemoteError as e:  # e.g. the server is full: waiters must not wait for it
+                fault(self.r, e)
+        for step in ((self.r.clear_failed, self.skey) if uploaded else (self.r.mark_failed, self.skey, self.holder),
+                     (self.r.release_lease, self.skey, self.holder)):
+            try:
+                step[0](*step[1:])
+            except RemoteError as e:  # best effort: an unreleased lease expires within LEASE_MS
+                fault(self.r, e)
 
 
 def upload(r: Remote, entry: Entry) -> None:
@@ -160,7 +164,7 @@ def fetch_or_lease(r: Remote, plan_, store: Store) -> tuple[Entry | None, Lease 
         if waited is not None:
             failed = r.failed(skey)
             if failed:
-                log.warning("kload: %s failed (%s); building %s here", waited, failed, name)
+                log.warning("kload: %s failed; building %s here", failed, name)
                 return None, None
         if r.take_lease(skey, mine, LEASE_MS):
             return None, Lease(r, skey, mine)

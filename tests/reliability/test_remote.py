@@ -53,14 +53,14 @@ def free_port() -> int:
 class Server:
     """A redis-server of our own: loopback, a temporary directory, no persistence."""
 
-    def __init__(self, folder: Path, *conf: str):
+    def __init__(self, folder: Path, *conf: str, password: str | None = None):
         self.folder, self.port = folder, free_port()
         folder.mkdir(parents=True, exist_ok=True)
         self.proc = subprocess.Popen(
             ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(folder),
-             "--save", "", "--appendonly", "no", *conf],
+             "--save", "", "--appendonly", "no", *conf, *(["--requirepass", password] if password else [])],
             stdout=open(folder / "redis.log", "w"), stderr=subprocess.STDOUT)
-        self.client = redis.Redis(port=self.port, socket_timeout=5)
+        self.client = redis.Redis(port=self.port, password=password, socket_timeout=5)
         deadline = time.monotonic() + 20
         while True:
             try:
@@ -126,8 +126,8 @@ def node_env(cache: Path, url: str | None, cxx, **extra) -> dict:
     return env
 
 
-def start(src: Path, env: dict, err: Path | None = None) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(CHILD), str(src)], env=env, text=True,
+def start(src: Path, env: dict, err: Path | None = None, code: str = CHILD) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(code), str(src)], env=env, text=True,
                             stdout=subprocess.PIPE, stderr=open(err, "w") if err else subprocess.PIPE,
                             start_new_session=True)
 
@@ -189,6 +189,10 @@ def test_empty_cache_and_warm_server_compile_nothing_and_a_local_hit_never_asks_
     pulled = kload_cli("cache", "pull", env={"KLOAD_CACHE_DIR": str(tmp_path / "pulled"), **signed})
     assert pulled.returncode == 0 and "pulled 1 entries" in pulled.stdout, pulled.stdout + pulled.stderr
 
+    # KLOAD_DISABLE_JIT=1 compiles nothing, but takes what the cluster's cache has
+    out, err = run(src, node_env(tmp_path / "jit-off", server.url, cxx, KLOAD_DISABLE_JIT=1))
+    assert out == RIGHT and compiles(cxx[1]) == 1 and "kload: downloaded sm-" in err, err
+
     server.kill()  # a warm local hit must not notice: it never talks to the server
     out, err = run(src, node_env(fresh, server.url, cxx, KLOAD_REMOTE_CACHE_KEY="s3cret"))
     assert out == RIGHT and compiles(cxx[1]) == 1
@@ -243,16 +247,16 @@ def test_a_truncated_remote_artifact_is_refused_rebuilt_and_repaired(tmp_path, s
     assert not [p for p in (tmp_path / "victim").iterdir() if p.name.startswith(".remote-")]
 
 
-def holder_and_waiter(tmp_path, server, src, cxx, slow_a: float):
+def holder_and_waiter(tmp_path, server, src, cxx, slow_a: float, code: str = CHILD):
     """Node a starts building (compiles slowly) and takes the lease; node b starts and
     waits for it. Returns both processes and their stderr files."""
     a_err, b_err = tmp_path / "a.err", tmp_path / "b.err"
-    a = start(src, node_env(tmp_path / "a", server.url, cxx, SLOW_CXX=slow_a), a_err)
+    a = start(src, node_env(tmp_path / "a", server.url, cxx, SLOW_CXX=slow_a), a_err, code)
     deadline = time.monotonic() + 120
     while not server.client.keys(PREFIX + "lease:*"):  # a holds the lease: it is compiling
         assert time.monotonic() < deadline and a.poll() is None, a_err.read_text()
         time.sleep(0.1)
-    b = start(src, node_env(tmp_path / "b", server.url, cxx), b_err)
+    b = start(src, node_env(tmp_path / "b", server.url, cxx), b_err, code)
     while "waiting for" not in b_err.read_text():
         assert time.monotonic() < deadline and b.poll() is None, b_err.read_text()
         time.sleep(0.1)
@@ -289,6 +293,23 @@ def test_a_holder_that_dies_lets_its_lease_expire_and_the_waiter_builds(tmp_path
     assert out_b == RIGHT and "kload: built sm" in err_b, err_b
     assert time.monotonic() - started < LEASE_S + 60
     assert compiles(cxx[1]) == 2  # a's compile that died, and b's
+
+
+def test_when_the_holders_build_fails_the_waiter_stops_waiting_and_builds(tmp_path, server, src, cxx):
+    src.write_text(SM.replace("return out;", "return out  // a missing semicolon"))
+    code = """\
+        import json, logging, sys, kload
+        logging.basicConfig(level=logging.INFO, format="%(message)s")
+        try:
+            kload.load(sys.argv[1]).build()
+        except kload.CompileError as e:
+            print(json.dumps({"out": str(e).splitlines()[1]}))
+    """
+    a, b, a_err, b_err = holder_and_waiter(tmp_path, server, src, cxx, slow_a=4, code=code)
+    (out_a, _), (out_b, err_b) = finish(a, a_err), finish(b, b_err)
+    assert "sm.cpp:" in out_a and out_a == out_b  # the same compile error, with file:line, on both nodes
+    assert f"kload: {socket.gethostname()}:{a.pid} building sm failed" in err_b and "building sm here" in err_b
+    assert compiles(cxx[1]) == 2
 
 
 class Silent:
@@ -333,3 +354,51 @@ def test_an_unusable_server_means_a_local_build_one_warning_and_no_half_entry(tm
             keep.kill()
         elif keep is not None:
             keep.sock.close()
+
+
+def test_a_password_in_the_url_or_its_knob_works_and_never_shows(tmp_path):
+    s = Server(tmp_path / "redis", password="pa55word")
+    try:
+        url = f"redis://:pa55word@127.0.0.1:{s.port}/0"
+        listed = kload_cli("cache", "list", "--remote", env={"KLOAD_REMOTE_CACHE": url})
+        assert listed.returncode == 0 and f"redis://:***@127.0.0.1:{s.port}/0" in listed.stdout, listed.stderr
+        knob = kload_cli("cache", "list", "--remote", env={"KLOAD_REMOTE_CACHE": f"redis://127.0.0.1:{s.port}/0",
+                                                           "KLOAD_REMOTE_CACHE_PASSWORD": "pa55word"})
+        assert knob.returncode == 0 and "0 entries" in knob.stdout, knob.stderr
+        wrong = kload_cli("cache", "list", "--remote", env={"KLOAD_REMOTE_CACHE": url.replace("pa55word", "nope")})
+        assert wrong.returncode == 1 and "is unusable" in wrong.stderr and "AuthenticationError" in wrong.stderr
+        for proc in (listed, knob, wrong):
+            assert "pa55word" not in proc.stdout + proc.stderr and "nope" not in proc.stdout + proc.stderr
+        bad = kload_cli("cache", "list", "--remote", env={"KLOAD_REMOTE_CACHE": "http://127.0.0.1:1/0"})
+        assert bad.returncode == 1 and "is not a redis://" in bad.stderr
+        unset = kload_cli("cache", "pull", env={"KLOAD_REMOTE_CACHE": ""})
+        assert unset.returncode == 1 and "set KLOAD_REMOTE_CACHE=redis://" in unset.stderr
+    finally:
+        s.kill()
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl makes the test's certificate")
+def test_rediss_with_the_servers_certificate(tmp_path):
+    """TLS: rediss:// with the CA in the URL (redis-py's ssl_ca_certs query argument)."""
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj",
+                    "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key),
+                    "-out", str(cert)], check=True, capture_output=True)
+    port = free_port()
+    proc = subprocess.Popen(["redis-server", "--port", "0", "--tls-port", str(port), "--bind", "127.0.0.1",
+                             "--tls-cert-file", str(cert), "--tls-key-file", str(key), "--tls-auth-clients", "no",
+                             "--dir", str(tmp_path), "--save", ""], stdout=subprocess.DEVNULL)
+    try:
+        url = f"rediss://127.0.0.1:{port}/0?ssl_ca_certs={cert}"
+        deadline = time.monotonic() + 20
+        while True:
+            listed = kload_cli("cache", "list", "--remote", env={"KLOAD_REMOTE_CACHE": url})
+            if listed.returncode == 0 or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert listed.returncode == 0 and "0 entries" in listed.stdout, listed.stderr
+        untrusted = kload_cli("cache", "list", "--remote", env={"KLOAD_REMOTE_CACHE": url.split("?")[0]})
+        assert untrusted.returncode == 1 and "CERTIFICATE_VERIFY_FAILED" in untrusted.stderr, untrusted.stderr
+    finally:
+        proc.kill()
+        proc.wait()
