@@ -54,3 +54,4 @@ bench: $(VENV)/.installed
 	$(PY) benchmarks/live.py
 	$(PY) benchmarks/stable.py
 	$(PY) benchmarks/clients.py
+	$(PY) benchmarks/remote.py

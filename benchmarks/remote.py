@@ -14,6 +14,10 @@ started here in a temporary directory (Debian's `redis-server`).
 3. Chunks against one value: upload and download of the 50 MB artifact in-process
    with 4 MiB chunks (the default) and as one 64 MiB value, with the peak of Python
    memory (tracemalloc) during the download.
+4. What the remote cache adds to an edit: in one process, a stable-ABI op is edited
+   and reloaded (handle.reload(), then a call) with KLOAD_REMOTE_CACHE unset and set
+   (each edit is a local miss: a lookup on the server, the lease, the build, the
+   upload). Two processes, edits alternating between them; min and median.
 """
 from __future__ import annotations
 
@@ -229,11 +233,82 @@ def part_chunks(work: Path, entry: Path, reps: int) -> None:
         server.wait()
 
 
+EDITS = """
+import json, sys, time, torch, kload
+src = sys.argv[1]
+text = open(src).read()
+h = kload.load(src, reload=False)
+h.sm(torch.ones(2))
+from kload import precompile
+precompile.wait(timeout=600)  # the precompiled stable.h the first build started
+for i in range(0, {n} + 1):  # edit 0 is untimed: the first build with the precompiled header
+    input()  # the other side's edit is done
+    with open(src, "w") as f:
+        f.write(text.replace("* 3", f"* {{4 + i}}"))
+    t = time.perf_counter()
+    assert h.reload()
+    assert h.sm(torch.ones(1)).item() == 4 + i
+    print(json.dumps(time.perf_counter() - t), flush=True)
+"""
+
+EDITED = """\
+#include <kload/stable.h>
+using kload::Tensor;
+Tensor sm(const Tensor& a) {
+  Tensor ac = torch::stable::contiguous(a);
+  Tensor out = torch::stable::empty_like(ac);
+  const float* pa = ac.const_data_ptr<float>();
+  float* po = out.mutable_data_ptr<float>();
+  for (int64_t i = 0; i < ac.numel(); ++i) po[i] = pa[i] * 3;
+  return out;
+}
+KLOAD_LIBRARY(m) { m.def("sm(Tensor a) -> Tensor"); }
+KLOAD_IMPL(CPU, m) { m.impl("sm", TORCH_BOX(&sm)); }
+"""
+
+
+def part_edit(work: Path, n: int) -> None:
+    print(f"\n4. an edit of a stable-ABI op (precompiled stable.h), KLOAD_REMOTE_CACHE unset vs set ({n} edits each, "
+          "alternating)")
+    server, url = redis_server(work)
+    procs = {}
+    try:
+        for side in ("unset", "set"):
+            d = work / f"edit-{side}"
+            d.mkdir()
+            (d / "sm.cpp").write_text(EDITED)
+            env = dict(os.environ, KLOAD_CACHE_DIR=str(d / "cache"))
+            env.pop("KLOAD_REMOTE_CACHE", None)
+            if side == "set":
+                env["KLOAD_REMOTE_CACHE"] = url
+            procs[side] = subprocess.Popen([sys.executable, "-c", EDITS.format(n=n), str(d / "sm.cpp")], env=env,
+                                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                           stderr=subprocess.DEVNULL)  # torch's "overriding a kernel" warning
+        for p in procs.values():  # edit 0, untimed
+            p.stdin.write("\n")
+            p.stdin.flush()
+            p.stdout.readline()
+        res = {"unset": [], "set": []}
+        for i in range(n):
+            for side in (("unset", "set") if i % 2 == 0 else ("set", "unset")):
+                procs[side].stdin.write("\n")
+                procs[side].stdin.flush()
+                res[side].append(json.loads(procs[side].stdout.readline()))
+        for side, t in res.items():
+            print(f"  remote cache {side:<5}: edit -> new result min {min(t):.2f} s, median {statistics.median(t):.2f} s")
+        print(f"  set / unset (median): {statistics.median(res['set']) / statistics.median(res['unset']):.2f}x")
+    finally:
+        for p in procs.values():
+            p.kill()
+        server.kill()
+        server.wait()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=2, help="cold-cluster reps per side")
     ap.add_argument("--load-reps", type=int, default=5, help="download/local-hit reps per side")
-    ap.add_argument("--parts", default="123", help="which parts to run (default: all three)")
+    ap.add_argument("--parts", default="1234", help="which parts to run (default: all)")
     args = ap.parse_args()
     if shutil.which("redis-server") is None:
         sys.exit("redis-server is not installed (apt-get install redis-server)")
@@ -244,6 +319,8 @@ def main() -> None:
             big = part_download(work, args.load_reps)
             if "3" in args.parts:
                 part_chunks(work, big, args.load_reps)
+        if "4" in args.parts:
+            part_edit(work, args.load_reps)
         if "1" in args.parts:
             part_cluster(work, args.reps)
 
