@@ -175,8 +175,11 @@ def test_empty_cache_and_warm_server_compile_nothing_and_a_local_hit_never_asks_
         tmp_path, server, src, cxx, seeded):
     seed, m = seeded
     signed = {"KLOAD_REMOTE_CACHE": server.url, "KLOAD_REMOTE_CACHE_KEY": "s3cret"}
-    push = kload_cli("cache", "push", "sm", env={"KLOAD_CACHE_DIR": str(seed), **signed})
+    push = kload_cli("cache", "push", "sm", env={"KLOAD_CACHE_DIR": str(seed), "KLOAD_REMOTE_CACHE_TTL": "2h",
+                                                **signed})
     assert push.returncode == 0 and f"pushed sm-{m['key'][:16]}" in push.stdout, push.stdout + push.stderr
+    for key in server.client.keys(PREFIX + "*"):  # every key of the entry expires (KLOAD_REMOTE_CACHE_TTL)
+        assert 7000 < server.client.ttl(key) <= 7200, key
     listed = kload_cli("cache", "list", "--remote", "--json", env=signed)
     assert [(e["name"], e["key"], e["size"], e["signed"]) for e in json.loads(listed.stdout)] == \
         [("sm", m["key"], m["size"], True)]
@@ -282,6 +285,21 @@ def test_a_build_longer_than_the_lease_keeps_it_renewed_and_the_waiter_downloads
     assert out_a == out_b == RIGHT
     assert compiles(cxx[1]) == 1, err_b  # b never took over: a renewed its lease
     assert "kload: downloaded sm-" in err_b
+
+
+def test_waiting_is_bounded_by_KLOAD_REMOTE_CACHE_WAIT(tmp_path, server, src, cxx):
+    a_err, b_err = tmp_path / "a.err", tmp_path / "b.err"
+    a = start(src, node_env(tmp_path / "a", server.url, cxx, SLOW_CXX=30), a_err)
+    deadline = time.monotonic() + 120
+    while not server.client.keys(PREFIX + "lease:*"):
+        assert time.monotonic() < deadline and a.poll() is None, a_err.read_text()
+        time.sleep(0.1)
+    out_b, err_b = finish(start(src, node_env(tmp_path / "b", server.url, cxx, KLOAD_REMOTE_CACHE_WAIT="2s"), b_err),
+                          b_err)
+    assert out_b == RIGHT and a.poll() is None  # b is done while a still compiles (30 s): it waited 2 s only
+    assert "KLOAD_REMOTE_CACHE_WAIT" in err_b and "building sm here" in err_b and "kload: built sm" in err_b
+    assert finish(a, a_err)[0] == RIGHT
+    assert compiles(cxx[1]) == 2
 
 
 def test_a_holder_that_dies_lets_its_lease_expire_and_the_waiter_builds(tmp_path, server, src, cxx):
