@@ -8,7 +8,8 @@ Keys (``kload:<schema>:`` first, so one server can hold other tools' caches):
                         signed manifest decides, and its key must hash from these headers
     man:<key>           {"body": manifest JSON, "sig": HMAC-SHA256 hex or null}; written
                         after every chunk, so a reader that finds it finds a whole upload
-    art:<key>:<i>       the artifact, in chunks of ``chunk`` bytes
+    art:<key>:<sha>:<i> the artifact, in chunks of ``chunk`` bytes (named by the artifact's SHA-256 too,
+                        so a second upload of the key never rewrites chunks a reader is fetching)
     lease:<source key>  "HOST:PID building NAME": SET NX with an expiry, renewed while the
                         build runs, deleted (by its holder only) after the upload
     fail:<source key>   the holder's build failed: waiters stop waiting and build locally
@@ -45,6 +46,10 @@ from .store import Store
 
 PREFIX = f"kload:{SCHEMA}:"
 MAX_ARTIFACT = 4 << 30      # bytes: a manifest that claims more is refused unread
+
+
+def chunk_key(key: str, sha256: str, i: int) -> str:
+    return f"{PREFIX}art:{key}:{sha256[:16]}:{i}"
 
 
 class RemoteError(Exception):
@@ -126,7 +131,7 @@ class Remote:
                 data = f.read(self.chunk)
                 if not data and i:
                     break
-                self._do("uploading", self.r.set, f"{PREFIX}art:{key}:{i}", data, ex)
+                self._do("uploading", self.r.set, chunk_key(key, m["sha256"], i), data, ex)
                 sent += len(data)
                 i += 1
                 if len(data) < self.chunk:
@@ -189,7 +194,7 @@ class Remote:
             fd = os.open(staged / artifact, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             with os.fdopen(fd, "wb") as f:
                 for i in range(chunks):
-                    data = self._do("downloading", self.r.get, f"{PREFIX}art:{key}:{i}")
+                    data = self._do("downloading", self.r.get, chunk_key(key, str(m.get("sha256")), i))
                     if data is None:
                         raise Refused(f"chunk {i} of {chunks} is missing (evicted, or the upload was cut)")
                     size += len(data)
@@ -207,15 +212,15 @@ class Remote:
             shutil.rmtree(staging, ignore_errors=True)
         if self.ttl:
             try:
-                self.touch(key, chunks, skey)
+                self.touch(key, str(m.get("sha256")), chunks, skey)
             except RemoteError:
                 pass  # the entry is here already; its TTL is the server's loss
         return store.open_entry(store.entries / staged.name, key)
 
-    def touch(self, key: str, chunks: int, skey: str) -> None:
+    def touch(self, key: str, sha256: str, chunks: int, skey: str) -> None:
         """A download refreshes the entry's TTL (the server's eviction sees it used)."""
         pipe = self.r.pipeline(transaction=False)
-        for k in [f"{PREFIX}man:{key}", PREFIX + "idx:" + skey] + [f"{PREFIX}art:{key}:{i}" for i in range(chunks)]:
+        for k in [f"{PREFIX}man:{key}", PREFIX + "idx:" + skey] + [chunk_key(key, sha256, i) for i in range(chunks)]:
             pipe.expire(k, self.ttl)
         self._do("refreshing the TTL", pipe.execute)
 

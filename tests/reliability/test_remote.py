@@ -21,6 +21,7 @@ import pytest
 import redis
 
 from conftest import kload_cli, write
+from kload.cache.remote import chunk_key
 
 pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None,
                                 reason="redis-server is not installed (`make test` installs it as root)")
@@ -207,7 +208,7 @@ def plant(client: redis.Redis, m: dict, artifact: bytes, sig: str | None) -> Non
     the real key, with its own artifact and a manifest whose hash matches it."""
     planted = dict(m, sha256=hashlib.sha256(artifact).hexdigest(), size=len(artifact))
     body = json.dumps({"manifest": planted, "chunks": 1, "chunk": 1 << 22, "by": "attacker:1"}, sort_keys=True)
-    client.set(f"{PREFIX}art:{m['key']}:0", artifact)
+    client.set(chunk_key(m["key"], planted["sha256"], 0), artifact)
     client.set(f"{PREFIX}man:{m['key']}", json.dumps({"body": body, "sig": sig and sig.replace("$BODY", body)}))
     client.hset(PREFIX + "idx:" + m["source_key"], m["key"], json.dumps(m["headers"]))
 
@@ -239,14 +240,19 @@ def test_a_truncated_remote_artifact_is_refused_rebuilt_and_repaired(tmp_path, s
     seed, m = seeded
     env = {"KLOAD_CACHE_DIR": str(seed), "KLOAD_REMOTE_CACHE": server.url}
     assert kload_cli("cache", "push", env=env).returncode == 0
-    chunk = f"{PREFIX}art:{m['key']}:0"
+    chunk = chunk_key(m["key"], m["sha256"], 0)
     whole = server.client.get(chunk)
     server.client.set(chunk, whole[: len(whole) // 2])
     out, err = run(src, node_env(tmp_path / "victim", server.url, cxx))
     assert out == RIGHT and compiles(cxx[1]) == 2, err
     assert "refusing the remote entry" in err and "does not match the artifact" in err, err
     assert "KLOAD_REMOTE_CACHE_KEY is not set" in err
-    assert server.client.get(chunk) == whole  # the rebuild was uploaded over it
+    # the rebuild was uploaded over it: its manifest names the new build's own chunks, which are whole
+    rebuilt = entry_manifest(tmp_path / "victim")
+    assert json.loads(json.loads(server.client.get(PREFIX + "man:" + m["key"]))["body"])["manifest"]["sha256"] \
+        == rebuilt["sha256"]
+    assert server.client.get(chunk_key(m["key"], rebuilt["sha256"], 0)) == \
+        (tmp_path / "victim" / "entries" / f"sm-{m['key'][:16]}" / "sm.so").read_bytes()
     assert not [p for p in (tmp_path / "victim").iterdir() if p.name.startswith(".remote-")]
 
 
