@@ -161,11 +161,9 @@ def fetch_or_lease(r: Remote, plan_, store: Store) -> tuple[Entry | None, Lease 
         entry = fetch(r, plan_, store)
         if entry is not None:
             return entry, None
-        if waited is not None:
-            failed = r.failed(skey)
-            if failed:
-                log.warning("kload: %s failed; building %s here", failed, name)
-                return None, None
+        if waited is not None and r.failed(skey) == waited:  # the build it waited for failed (not an older one)
+            log.warning("kload: %s failed; building %s here", waited, name)
+            return None, None
         if r.take_lease(skey, mine, LEASE_MS):
             return None, Lease(r, skey, mine)
         holder = r.lease_holder(skey)
