@@ -4,8 +4,8 @@ to use it; this module only speaks to the server.
 
 Keys (``kload:<schema>:`` first, so one server can hold other tools' caches):
 
-    idx:<source key>    a hash: full key -> its header closure (JSON). A hint only: the
-                        signed manifest decides, and its key must hash from these headers
+    idx:<source key>    a hash: full key -> the artifact's SHA-256. Which keys to read; nothing
+                        else in it is trusted (the signed manifest decides)
     man:<key>           {"body": manifest JSON, "sig": HMAC-SHA256 hex or null}; written
                         after every chunk, so a reader that finds it finds a whole upload
     art:<key>:<sha>:<i> the artifact, in chunks of ``chunk`` bytes (named by the artifact's SHA-256 too,
@@ -30,22 +30,27 @@ import hashlib
 import hmac
 import json
 import os
+import re
 import shutil
 import socket
 import uuid
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from . import MANIFEST, SCHEMA, Entry
+from . import LAST_USED, MANIFEST, SCHEMA, Entry
 from .bundle import publish_staged
 from .key import manifest_problem
 from .store import Store
 
 PREFIX = f"kload:{SCHEMA}:"
 MAX_ARTIFACT = 4 << 30      # bytes: a manifest that claims more is refused unread
+MAX_MANIFEST = 64 << 20     # bytes: a manifest value larger than this is refused unread
+MAX_CANDIDATES = 16         # entries read for one source key (the index is not trusted)
+MIN_CHUNK = 1 << 16         # bytes: smaller chunks are refused (a million round trips is a hang)
+_HEX64 = re.compile(r"[0-9a-f]{64}\Z")
 
 
 def chunk_key(key: str, sha256: str, i: int) -> str:
@@ -57,17 +62,27 @@ class RemoteError(Exception):
 
 
 class Refused(Exception):
-    """A remote entry that did not verify: it is never loaded."""
+    """A remote entry that did not verify: it is never loaded. ``again``: this very
+    manifest was refused before in this process (not worth another warning)."""
+
+    def __init__(self, why: str, again: bool = False):
+        super().__init__(why)
+        self.again = again
 
 
 def redact(url: str) -> str:
-    """The URL without its password (for messages and manifests)."""
+    """The URL without its password, in the user part or the query (for messages and manifests)."""
     parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.hostname or ""
-    netloc = f"{parts.username + ':' if parts.username else ':'}***@{host}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit(parts._replace(netloc=netloc))
+    netloc = parts.netloc
+    if "@" in netloc:
+        user, host = netloc.rsplit("@", 1)
+        if ":" in user:
+            netloc = f"{user.split(':', 1)[0]}:***@{host}"
+    query = parts.query
+    if "password=" in query:
+        query = urlencode([(k, "***" if k == "password" else v) for k, v in parse_qsl(query, keep_blank_values=True)],
+                          safe="*/")
+    return urlunsplit(parts._replace(netloc=netloc, query=query))
 
 
 def me() -> str:
@@ -89,7 +104,8 @@ class Remote:
         if scheme not in ("redis", "rediss", "unix"):
             raise ValueError(f"kload: KLOAD_REMOTE_CACHE={redact(url)!r} is not a redis://, rediss:// or unix:// URL")
         self.where = redact(url)
-        self.secret, self.ttl, self.chunk = secret, ttl, max(1 << 16, chunk)
+        self.secret, self.ttl, self.chunk = secret, ttl, max(MIN_CHUNK, chunk)
+        self.refused: set[tuple[str, str]] = set()  # (key, manifest digest) refused in this process
         kwargs = {"password": password} if password else {}
         self.r = redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout,
                                       retry=Retry(NoBackoff(), 0), health_check_interval=0, **kwargs)
@@ -101,18 +117,10 @@ class Remote:
             raise RemoteError(f"{what}: {type(e).__name__}: {e}") from None
 
     # -- entries ----------------------------------------------------------------------
-    def candidates(self, skey: str) -> dict[str, dict]:
-        """Full key -> header closure, of every entry uploaded for this source key."""
-        raw = self._do("reading the index", self.r.hgetall, PREFIX + "idx:" + skey)
-        out = {}
-        for k, v in raw.items():
-            try:
-                headers = json.loads(v)
-            except ValueError:
-                continue
-            if isinstance(headers, dict):
-                out[k.decode(errors="replace")] = headers
-        return out
+    def candidates(self, skey: str) -> list[str]:
+        """The full keys uploaded for this source key (well-formed ones, at most MAX_CANDIDATES)."""
+        keys = [k.decode(errors="replace") for k in self._do("reading the index", self.r.hkeys, PREFIX + "idx:" + skey)]
+        return [k for k in keys if _HEX64.match(k)][:MAX_CANDIDATES]
 
     def _sign(self, body: bytes) -> str | None:
         return hmac.new(self.secret, body, hashlib.sha256).hexdigest() if self.secret else None
@@ -142,49 +150,90 @@ class Remote:
         doc = json.dumps({"body": body.decode(), "sig": self._sign(body)})
         self._do("uploading", self.r.set, f"{PREFIX}man:{key}", doc, ex)
         pipe = self.r.pipeline(transaction=False)
-        pipe.hset(PREFIX + "idx:" + skey, key, json.dumps(m["headers"], sort_keys=True))
+        pipe.hset(PREFIX + "idx:" + skey, key, m["sha256"])
         if ex:
             pipe.expire(PREFIX + "idx:" + skey, ex)
         self._do("uploading", pipe.execute)
         return sent
 
-    def manifest(self, key: str) -> tuple[dict, int, int, str | None] | None:
-        """``(manifest, chunks, chunk size, uploader)`` of ``key``, verified against the
-        secret; None if there is none; :class:`Refused` if it does not verify."""
-        raw = self._do("reading a manifest", self.r.get, f"{PREFIX}man:{key}")
+    def manifest(self, key: str) -> tuple[dict, int, int, str | None, str] | None:
+        """``(manifest, chunks, chunk size, uploader, digest of the stored value)`` of ``key``: its signature
+        checked (with a secret), then its shape; None if there is none; :class:`Refused` if it
+        does not verify."""
+        if not _HEX64.match(key):
+            raise Refused("its key is not a SHA-256")
+        name = f"{PREFIX}man:{key}"
+        if self._do("reading a manifest", self.r.strlen, name) > MAX_MANIFEST:
+            raise Refused(f"its manifest is larger than {MAX_MANIFEST} bytes")
+        raw = self._do("reading a manifest", self.r.get, name)
         if raw is None:
             return None
+        digest = hashlib.sha256(raw).hexdigest()
+        if (key, digest) in self.refused:
+            raise Refused("refused before", again=True)
+        try:
+            return (*self._verify(key, raw), digest)
+        except Refused:
+            self.refused.add((key, digest))
+            raise
+
+    def _verify(self, key: str, raw: bytes) -> tuple[dict, int, int, str | None]:
         try:
             doc = json.loads(raw)
             body = doc["body"].encode()
             sig = doc.get("sig")
-            outer = json.loads(body)
-            m, chunks, chunk = outer["manifest"], int(outer["chunks"]), int(outer["chunk"])
-        except (ValueError, KeyError, TypeError, AttributeError) as e:
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:
             raise Refused(f"its manifest is not readable ({type(e).__name__})") from None
-        if self.secret is not None:
+        if self.secret is not None:  # before anything else of the body is read
             if not isinstance(sig, str):
                 raise Refused("it is unsigned and KLOAD_REMOTE_CACHE_KEY is set")
             if not hmac.compare_digest(sig, self._sign(body)):
                 raise Refused("its signature does not match (another key signed it, or it was altered)")
-        if not isinstance(m, dict) or not isinstance(m.get("size"), int) or not 0 <= m["size"] <= MAX_ARTIFACT:
-            raise Refused("its manifest has no valid size")
-        if chunks < 1 or chunk < 1 or chunks != max(1, -(-m["size"] // chunk)):
-            raise Refused(f"its manifest lists {chunks} chunks of {chunk} bytes for {m['size']} bytes")
-        return m, chunks, chunk, outer.get("by") if isinstance(outer.get("by"), str) else None
+        try:
+            outer = json.loads(body)
+            m, chunks, chunk = outer["manifest"], outer["chunks"], outer["chunk"]
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:
+            raise Refused(f"its manifest is not readable ({type(e).__name__})") from None
+        if not isinstance(m, dict) or m.get("key") != key:
+            raise Refused("its manifest is not the manifest of its key")
+        size, sha = m.get("size"), m.get("sha256")
+        if not (isinstance(sha, str) and _HEX64.match(sha)):
+            raise Refused("its manifest has no artifact SHA-256")
+        if not (type(size) is int and 0 <= size <= MAX_ARTIFACT and type(chunks) is int and type(chunk) is int
+                and chunk >= MIN_CHUNK and chunks == max(1, -(-size // chunk))):
+            raise Refused(f"its manifest lists {chunks!r} chunks of {chunk!r} bytes for {size!r} bytes")
+        by = outer.get("by")
+        return m, chunks, chunk, by if isinstance(by, str) else None
 
-    def download(self, store: Store, skey: str, key: str, name: str) -> Entry | None:
-        """Fetch, verify and publish entry ``key`` into ``store``; None if the server has
-        none. :class:`Refused` if it does not verify (nothing is written then)."""
+    def download(self, store: Store, skey: str, key: str, name: str, headers_ok=None) -> Entry | None:
+        """Fetch, verify and publish entry ``key`` of library ``name`` into ``store``; None
+        if the server has none, or if ``headers_ok(headers)`` says its header closure is
+        not this machine's. :class:`Refused` if it does not verify (nothing is written)."""
         got = self.manifest(key)
         if got is None:
             return None
-        m, chunks, _chunk, by = got
+        m, chunks, chunk, by, digest = got
+        try:
+            return self._download(store, skey, key, name, headers_ok, m, chunks, chunk, by)
+        except Refused:
+            self.refused.add((key, digest))
+            raise
+
+    def _download(self, store: Store, skey: str, key: str, name: str, headers_ok, m: dict, chunks: int,
+                  chunk: int, by: str | None) -> Entry | None:
+        if not (name.isidentifier() and name.isascii()):
+            raise Refused(f"{name!r} is not a library name")
         artifact = m.get("artifact")
-        if not isinstance(artifact, str) or "/" in artifact or artifact.startswith(".") or not artifact:
-            raise Refused(f"its artifact name {artifact!r} is not a file name")
+        if artifact not in (name, f"{name}.so") or artifact in (MANIFEST, LAST_USED):
+            raise Refused(f"its artifact {artifact!r} is not {name!r}'s")
         if m.get("source_key") != skey:
             raise Refused("its source key is not the one looked up")
+        # everything but the artifact's bytes, before anything is written or any header is read
+        problem = manifest_problem(m, {"key": key, "name": name, "artifact": artifact}, m["sha256"], m["size"])
+        if problem:
+            raise Refused(f"{name}-{key[:16]}{problem}")
+        if headers_ok is not None and not headers_ok(m["headers"]):
+            return None
         store.prepare()
         staging = store.root / f".remote-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         staged = staging / f"{name}-{key[:16]}"
@@ -193,13 +242,13 @@ class Remote:
             h, size = hashlib.sha256(), 0
             fd = os.open(staged / artifact, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             with os.fdopen(fd, "wb") as f:
-                for i in range(chunks):
-                    data = self._do("downloading", self.r.get, chunk_key(key, str(m.get("sha256")), i))
-                    if data is None:
-                        raise Refused(f"chunk {i} of {chunks} is missing (evicted, or the upload was cut)")
+                for i in range(chunks):  # GETRANGE: never more than a chunk in memory, whatever is stored
+                    want = min(chunk, m["size"] - i * chunk)
+                    data = self._do("downloading", self.r.getrange, chunk_key(key, m["sha256"], i), 0, chunk - 1)
+                    if len(data) != want:
+                        raise Refused(f"chunk {i} of {chunks} has {len(data)} bytes, not {want} (evicted, truncated, "
+                                      "or the upload was cut)")
                     size += len(data)
-                    if size > m["size"]:
-                        raise Refused(f"its artifact is longer than its manifest's {m['size']} bytes")
                     h.update(data)
                     f.write(data)
             problem = manifest_problem(m, {"key": key, "name": name, "artifact": artifact}, h.hexdigest(), size)
@@ -212,7 +261,7 @@ class Remote:
             shutil.rmtree(staging, ignore_errors=True)
         if self.ttl:
             try:
-                self.touch(key, str(m.get("sha256")), chunks, skey)
+                self.touch(key, m["sha256"], chunks, skey)
             except RemoteError:
                 pass  # the entry is here already; its TTL is the server's loss
         return store.open_entry(store.entries / staged.name, key)
@@ -229,15 +278,21 @@ class Remote:
         out = []
         for k in self._do("listing", lambda: list(self.r.scan_iter(match=PREFIX + "man:*", count=500))):
             key = k.decode(errors="replace")[len(PREFIX) + 4:]
-            raw = self._do("listing", self.r.get, k)
             try:
-                doc = json.loads(raw)
-                outer = json.loads(doc["body"])
+                if self._do("listing", self.r.strlen, k) > MAX_MANIFEST:
+                    raise ValueError("too large")
+                doc = json.loads(self._do("listing", self.r.get, k))
+                sig, body = doc.get("sig"), doc["body"]
+                outer = json.loads(body)
                 m = outer["manifest"]
-                out.append({"key": key, "name": m.get("name"), "size": m.get("size"), "by": outer.get("by"),
-                            "created": m.get("created"), "signed": isinstance(doc.get("sig"), str),
-                            "source_key": m.get("source_key"), "torch": (m.get("inputs") or {}).get("torch")})
-            except (ValueError, KeyError, TypeError, AttributeError):
+                num = (lambda v: v if type(v) in (int, float) else None)
+                out.append({"key": key, "name": str(m.get("name")), "size": num(m.get("size")),
+                            "by": str(outer.get("by")), "created": num(m.get("created")),
+                            # with a secret: a signature that verifies; without: one is there (unchecked)
+                            "signed": isinstance(sig, str) and (self.secret is None or hmac.compare_digest(
+                                sig, self._sign(body.encode()))),
+                            "source_key": str(m.get("source_key")), "torch": (m.get("inputs") or {}).get("torch")})
+            except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
                 out.append({"key": key, "name": None, "unreadable": True})
         return out
 

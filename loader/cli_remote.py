@@ -57,7 +57,7 @@ def cmd_pull(args) -> int:
             raise KloadError(f"kload: no entry on {r.where} matches {' '.join(args.names)} "
                              "(see `kload cache list --remote`)")
     store = _store()
-    refused = 0
+    pulled = refused = 0
     for e in found:
         try:
             got = r.download(store, e["source_key"], e["key"], e["name"])
@@ -67,10 +67,10 @@ def cmd_pull(args) -> int:
             continue
         except RemoteError as err:
             raise _unusable(r, err) from None
-        if got is not None:
+        if got is not None:  # None: it left the server since it was listed
+            pulled += 1
             print(f"pulled  {got.path.name} ({_human(got.manifest.get('size', 0))})")
-    print(f"pulled {len(found) - refused} entries from {r.where} into {store.root}"
-          + (f"; refused {refused}" if refused else ""))
+    print(f"pulled {pulled} entries from {r.where} into {store.root}" + (f"; refused {refused}" if refused else ""))
     return 1 if refused else 0
 
 

@@ -162,7 +162,7 @@ def _seconds(name: str, default: str) -> float | None:
         value = float(text[:-1] if unit else text) * (unit or 1)
     except ValueError:
         value = -1.0
-    if value <= 0:
+    if not 0 < value < 1e9:  # also nan and inf
         raise ValueError(f"kload: {name}={text!r} is not a duration (use seconds, or e.g. 90s, 15m, 7d)")
     return value
 

@@ -1,11 +1,12 @@
 """Step 4 of a load, on a local miss with ``KLOAD_REMOTE_CACHE`` set: the shared
 remote cache (kload/cache/remote.py speaks to the server; docs/cache.md#remote-cache).
 
-Under the node's build lock (one process per cache directory gets here), build.py
-calls :func:`through`:
+Under the node's build lock (one process per build directory of a cache gets here),
+build.py calls :func:`through`:
 
-1. Look the source key up on the server; an entry whose header closure matches
-   this machine's headers is downloaded, verified and published locally: no compile.
+1. Look the source key up on the server; an entry whose (signed) manifest verifies
+   and whose header closure matches this machine's headers is downloaded, verified
+   and published locally: no compile.
 2. Else take the cluster-wide lease for the source key (SET NX, expiring, renewed
    while the build runs) and build; then upload, and release the lease.
 3. If another node holds the lease, wait for its upload ("waiting for HOST:PID
@@ -21,6 +22,8 @@ and never loaded.
 from __future__ import annotations
 
 import logging
+import os
+import stat
 import threading
 import time
 
@@ -56,7 +59,8 @@ def remote() -> Remote | None:
     if r is None:
         try:
             r = make(url)
-        except ValueError as e:
+            knobs.remote_wait()  # a bad knob is said here, once
+        except (ValueError, OverflowError) as e:
             log.warning("%s; the remote cache is not used", e)
             _down_until[ident] = float("inf")
             return None
@@ -79,25 +83,33 @@ def fault(r: Remote, e: Exception) -> None:
     if _down_until.get(r.ident, 0.0) > time.monotonic():
         return
     _down_until[r.ident] = time.monotonic() + RETRY_AFTER
+    why = str(e) if isinstance(e, RemoteError) else f"{type(e).__name__}: {e}"
     log.warning("kload: the remote cache %s is unusable (%s); building locally (not asking it again for %.0f s)",
-                r.where, e, RETRY_AFTER)
+                r.where, why, RETRY_AFTER)
 
 
 def _headers_here(headers: dict) -> bool:
-    return all(isinstance(sha, str) and file_sha256(path) == sha for path, sha in headers.items())
+    """Do these headers hold these bytes here? Regular files at absolute paths only: a manifest
+    cannot make kload read a device or a pipe."""
+    try:
+        for path, sha in headers.items():
+            if not (os.path.isabs(path) and stat.S_ISREG(os.stat(path).st_mode) and file_sha256(path) == sha):
+                return False
+    except (OSError, ValueError, TypeError):
+        return False
+    return True
 
 
 def fetch(r: Remote, plan_, store: Store) -> Entry | None:
     """Download the entry for the plan's source key whose headers match this machine's."""
-    for key, headers in r.candidates(plan_.skey).items():
-        if not _headers_here(headers):
-            continue
+    for key in r.candidates(plan_.skey):
         started = time.perf_counter()
         try:
-            entry = r.download(store, plan_.skey, key, plan_.name)
+            entry = r.download(store, plan_.skey, key, plan_.name, _headers_here)
         except Refused as why:
-            log.warning("kload: refusing the remote entry %s-%s from %s: %s; it is not loaded, %s is built here",
-                        plan_.name, key[:16], r.where, why, plan_.name)
+            if not why.again:
+                log.warning("kload: refusing the remote entry %s-%s from %s: %s; it is not loaded",
+                            plan_.name, key[:16], r.where, why)
             continue
         if entry is not None:
             log.info("kload: downloaded %s (%d bytes) from %s in %.2f s", entry.path.name,
@@ -121,7 +133,7 @@ class Lease:
                 if not self.r.renew_lease(self.skey, self.holder, LEASE_MS):
                     log.warning("kload: the build lease of %s expired; another node may build it too", self.holder)
                     return
-            except RemoteError as e:
+            except Exception as e:  # noqa: BLE001
                 fault(self.r, e)
                 return
 
@@ -134,13 +146,13 @@ class Lease:
             try:
                 upload(self.r, entry)
                 uploaded = True
-            except RemoteError as e:  # e.g. the server is full: waiters must not wait for it
+            except Exception as e:  # noqa: BLE001 (e.g. the server is full): waiters must not wait for it
                 fault(self.r, e)
         for step in ((self.r.clear_failed, self.skey) if uploaded else (self.r.mark_failed, self.skey, self.holder),
                      (self.r.release_lease, self.skey, self.holder)):
             try:
                 step[0](*step[1:])
-            except RemoteError as e:  # best effort: an unreleased lease expires within LEASE_MS
+            except Exception as e:  # noqa: BLE001 (best effort: an unreleased lease expires within LEASE_MS)
                 fault(self.r, e)
 
 
@@ -165,6 +177,10 @@ def fetch_or_lease(r: Remote, plan_, store: Store) -> tuple[Entry | None, Lease 
             log.warning("kload: %s failed; building %s here", waited, name)
             return None, None
         if r.take_lease(skey, mine, LEASE_MS):
+            entry = fetch(r, plan_, store)  # the holder may have uploaded and released in between
+            if entry is not None:
+                r.release_lease(skey, mine)
+                return entry, None
             return None, Lease(r, skey, mine)
         holder = r.lease_holder(skey)
         now = time.monotonic()
@@ -188,7 +204,7 @@ def through(plan_, store: Store, build) -> tuple[Entry, float]:
         entry, lease = fetch_or_lease(r, plan_, store)
         if entry is not None:
             return entry, 0.0
-    except RemoteError as e:
+    except Exception as e:  # noqa: BLE001 (any failure of the remote path is a local build, never a failed load)
         fault(r, e)
     try:
         entry, seconds = build()
@@ -201,7 +217,7 @@ def through(plan_, store: Store, build) -> tuple[Entry, float]:
     elif remote() is r:
         try:
             upload(r, entry)
-        except RemoteError as e:
+        except Exception as e:  # noqa: BLE001 (the build succeeded: never fail the load over its upload)
             fault(r, e)
     return entry, seconds
 
@@ -213,6 +229,6 @@ def fetch_only(plan_, store: Store) -> Entry | None:
         return None
     try:
         return fetch(r, plan_, store)
-    except RemoteError as e:
+    except Exception as e:  # noqa: BLE001
         fault(r, e)
         return None

@@ -35,11 +35,22 @@ def resolve_entry(opts: Options) -> tuple[Entry, str, float]:
 
 
 def _remote_hit(p, store) -> Entry | None:
+    """KLOAD_DISABLE_JIT=1: the remote cache's entry, downloaded under the build lock as a
+    build would be (so the ranks of a node publish it once)."""
     if not knobs.remote_cache():
         return None
+    from kload.cache.lock import build_lock
+
+    from .build import workspace
+    from .errors import KloadError
     from .remote import fetch_only  # redis: only when a remote cache is set
 
-    return fetch_only(p, store)
+    try:
+        store.prepare()
+    except KloadError:  # a read-only cache cannot take a download: the miss is reported as it is
+        return None
+    with build_lock(store.locks / f"{workspace(p, store).name}.lock", p.name):
+        return store.lookup(p.skey) or fetch_only(p, store)
 
 
 def resolve_full(opts: Options, root: Path, fast: tuple[str, str] | None) -> tuple[Entry, str]:

@@ -21,6 +21,7 @@ import pytest
 import redis
 
 from conftest import kload_cli, write
+from kload.cache.key import full_key
 from kload.cache.remote import chunk_key
 
 pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None,
@@ -236,6 +237,31 @@ def test_a_planted_entry_is_refused_and_rebuilt_when_a_key_is_set(tmp_path, serv
     assert pulled.returncode == 0 and "pulled 1 entries" in pulled.stdout, pulled.stdout + pulled.stderr
 
 
+def test_a_hostile_server_cannot_hang_crash_or_write_outside_the_cache(tmp_path, server, src, cxx, seeded):
+    """No key set (trust by hash): what anyone who can write to the server can plant for the
+    real source key is refused or skipped, and the node builds its own."""
+    _seed, m = seeded
+    skey, c = m["source_key"], server.client
+    escape = tmp_path / "escaped"
+    # 1. a key that is a path: it must never name a file
+    c.hset(PREFIX + "idx:" + skey, f"../../../../{escape}", "x")
+    c.set(f"{PREFIX}man:../../../../{escape}", json.dumps({"body": json.dumps({"manifest": m}), "sig": None}))
+    # 2. a self-consistent entry whose header closure names a device that never ends
+    headers = {"/dev/zero": "0" * 64}
+    evil = dict(m, headers=headers, key=full_key(skey, headers))
+    body = json.dumps({"manifest": evil, "chunks": 1, "chunk": 1 << 22, "by": "attacker:1"})
+    c.hset(PREFIX + "idx:" + skey, evil["key"], "x")
+    c.set(f"{PREFIX}man:{evil['key']}", json.dumps({"body": body, "sig": None}))
+    # 3. the real key, with values that break a careless parser
+    c.hset(PREFIX + "idx:" + skey, m["key"], "x")
+    c.set(f"{PREFIX}man:{m['key']}", '{"body": "{\\"manifest\\": {}, \\"chunks\\": Infinity, \\"chunk\\": 1}"}')
+    started = time.monotonic()
+    out, err = run(src, node_env(tmp_path / "victim", server.url, cxx))
+    assert out == RIGHT and compiles(cxx[1]) == 2 and "kload: built sm" in err, err
+    assert time.monotonic() - started < 120 and not escape.exists()
+    assert "refusing the remote entry" in err and "Traceback" not in err
+
+
 def test_a_truncated_remote_artifact_is_refused_rebuilt_and_repaired(tmp_path, server, src, cxx, seeded):
     seed, m = seeded
     env = {"KLOAD_CACHE_DIR": str(seed), "KLOAD_REMOTE_CACHE": server.url}
@@ -245,7 +271,7 @@ def test_a_truncated_remote_artifact_is_refused_rebuilt_and_repaired(tmp_path, s
     server.client.set(chunk, whole[: len(whole) // 2])
     out, err = run(src, node_env(tmp_path / "victim", server.url, cxx))
     assert out == RIGHT and compiles(cxx[1]) == 2, err
-    assert "refusing the remote entry" in err and "does not match the artifact" in err, err
+    assert "refusing the remote entry" in err and "chunk 0 of 1 has" in err and "truncated" in err, err
     assert "KLOAD_REMOTE_CACHE_KEY is not set" in err
     # the rebuild was uploaded over it: its manifest names the new build's own chunks, which are whole
     rebuilt = entry_manifest(tmp_path / "victim")
