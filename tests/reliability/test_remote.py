@@ -300,7 +300,7 @@ def holder_and_waiter(tmp_path, server, src, cxx, slow_a: float, code: str = CHI
 
 
 def test_server_killed_mid_build_both_nodes_finish_locally_with_one_warning(tmp_path, server, src, cxx):
-    a, b, a_err, b_err = holder_and_waiter(tmp_path, server, src, cxx, slow_a=6)
+    a, b, a_err, b_err = holder_and_waiter(tmp_path, server, src, cxx, slow_a=15)
     server.kill()
     (out_a, err_a), (out_b, err_b) = finish(a, a_err), finish(b, b_err)
     assert out_a == out_b == RIGHT
@@ -355,7 +355,7 @@ def test_when_the_holders_build_fails_the_waiter_stops_waiting_and_builds(tmp_pa
         except kload.CompileError as e:
             print(json.dumps({"out": str(e).splitlines()[1]}))
     """
-    a, b, a_err, b_err = holder_and_waiter(tmp_path, server, src, cxx, slow_a=4, code=code)
+    a, b, a_err, b_err = holder_and_waiter(tmp_path, server, src, cxx, slow_a=15, code=code)
     (out_a, _), (out_b, err_b) = finish(a, a_err), finish(b, b_err)
     assert "sm.cpp:" in out_a and out_a == out_b  # the same compile error, with file:line, on both nodes
     assert f"kload: {socket.gethostname()}:{a.pid} building sm failed" in err_b and "building sm here" in err_b
