@@ -141,20 +141,22 @@ class Lease:
         """Upload ``entry`` (None: the build failed, so waiters build themselves), release."""
         self._stop.set()
         self._thread.join()
-        uploaded = False
-        if entry is not None:
-            try:
-                upload(self.r, entry)
-                uploaded = True
-            except Exception as e:  # noqa: BLE001 (e.g. the server is full): waiters must not wait for it
-                fault(self.r, e)
-        for step in ((self.r.clear_failed, self.skey) if uploaded else (self.r.mark_failed, self.skey, self.holder),
-                     (self.r.release_lease, self.skey, self.holder)):
-            try:
-                step[0](*step[1:])
-            except Exception as e:  # noqa: BLE001 (best effort: an unreleased lease expires within LEASE_MS)
-                fault(self.r, e)
+        # each step best effort: a failed upload (e.g. the server is full) still marks the build
+        # failed, so waiters do not wait for it; an unreleased lease expires within LEASE_MS
+        uploaded = entry is not None and self._quietly(upload, self.r, entry)
+        if uploaded:
+            self._quietly(self.r.clear_failed, self.skey)
+        else:
+            self._quietly(self.r.mark_failed, self.skey, self.holder)
+        self._quietly(self.r.release_lease, self.skey, self.holder)
 
+    def _quietly(self, fn, *args) -> bool:
+        try:
+            fn(*args)
+        except Exception as e:  # noqa: BLE001 (the build is done: never fail the load over the server)
+            fault(self.r, e)
+            return False
+        return True
 
 def upload(r: Remote, entry: Entry) -> None:
     started = time.perf_counter()
