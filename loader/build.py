@@ -7,10 +7,8 @@ from __future__ import annotations
 import errno
 import logging
 import os
-import shlex
 import shutil
 import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -19,9 +17,8 @@ from kload.cache.key import file_sha256, full_key, stat_stamp, workspace_key
 from kload.cache.lock import build_lock
 from kload.cache.store import Entry, Store, read_json, writable_error, write_atomic, write_json_atomic
 
-from . import knobs, pch, toolchain
-from .errors import CompileError, KloadError, parse_diagnostics
-from .options import include_dir
+from . import knobs, linking, pch, toolchain, torchbuild
+from .errors import CompileError, KloadError
 from .plan import Plan
 from .compilers import cuda_toolkit, launchers, parallel_jobs
 from .progress import BuildProgress
@@ -107,15 +104,6 @@ def forget_stale_objects(ws: Path) -> None:
                 pass
 
 
-def _ensure_ninja_on_path() -> None:
-    if shutil.which("ninja") is None:
-        here = Path(sys.executable).parent
-        if (here / "ninja").exists():
-            os.environ["PATH"] = f"{here}{os.pathsep}{os.environ.get('PATH', '')}"
-        else:
-            raise KloadError("kload: ninja is not installed (pip install ninja)")
-
-
 def compile_plan(plan_: Plan, store: Store) -> tuple[Entry, float]:
     """Compile under the build lock (the caller has looked the key up already).
 
@@ -126,11 +114,34 @@ def compile_plan(plan_: Plan, store: Store) -> tuple[Entry, float]:
     library already mapped and registers nothing twice.
     """
     try:
-        return _compile_locked(plan_, store)
+        try:
+            return _compile_locked(plan_, store)
+        except CompileError as e:
+            if not _fast_link_failed(plan_, e):
+                raise
+            # gold passed the toolchain probe but failed this link: once more without it,
+            # before any error is shown, and never with gold again for this toolchain
+            from .plan import plan as make_plan
+            from .progress import say
+
+            linking.forget_fast_linker(plan_.inputs["cxx"], list(plan_.opts.ldflags), store.root)
+            say(f"kload: gold failed to link {plan_.name} ({_link_error(e)}); linking again with the "
+                "compiler's default linker, and without gold from now on", warning=True)
+            return _compile_locked(make_plan(plan_.opts, store), store)
     except OSError as e:
         if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM):
             raise writable_error(store.root, e) from None
         raise
+
+
+def _fast_link_failed(plan_: Plan, e: CompileError) -> bool:
+    """Whether a failed build got as far as a link with gold, and gold failed it."""
+    return linking.FAST_LINKER in plan_.ldflags and ("ld.gold" in e.raw or "gold:" in e.raw)
+
+
+def _link_error(e: CompileError) -> str:
+    lines = [t.strip() for t in e.raw.splitlines() if "error" in t and ("gold" in t or "ld" in t)]
+    return lines[0] if lines else "see " + str(e.log_path)
 
 
 BUILDING = ".kload_building"  # in a build directory while a build runs there
@@ -206,8 +217,10 @@ def _build(plan_: Plan, store: Store, ws: Path) -> tuple[Entry, float]:
     try:
         with parallel_jobs(plan_, len(sources)) as jobs, BuildProgress(name, ws, jobs) as progress, \
                 launchers(store, plan_), cuda_toolkit(plan_), pchs.held():
-            _run_torch_build(plan_, ws, sources, pchs.cflags())
+            before = torchbuild.op_names() if plan_.sources.fixed_namespaces else None
+            torchbuild.run(plan_, ws, sources, pchs.cflags(), artifact)
             seconds = time.perf_counter() - started
+            registered = torchbuild.registered_namespaces(before)
             deps = ninja_deps(ws)
             write_compdb(ws)
             notes = pchs.report(deps, ws, since)
@@ -218,7 +231,7 @@ def _build(plan_: Plan, store: Store, ws: Path) -> tuple[Entry, float]:
     finally:
         pchs.start_missing()  # the next edit compiles with them
     if plan_.sources.stable:
-        check_stable_imports(artifact, name)
+        torchbuild.check_stable_imports(artifact, name)
     headers, stamps = header_closure(ws, plan_, deps, pchs)
     write_json_atomic(ws / RECORD, {**headers, **{s["path"]: s["sha256"] for s in plan_.inputs["sources"]}})
     key = full_key(plan_.skey, headers)
@@ -229,7 +242,9 @@ def _build(plan_: Plan, store: Store, ws: Path) -> tuple[Entry, float]:
             "namespace": namespace,
             "style": "standalone" if standalone else plan_.sources.style,
             "python_module": plan_.sources.python_module,
-            "fixed_namespaces": plan_.sources.fixed_namespaces,
+            # what torch registered when the library loaded (a namespace named through a
+            # macro is a fact of the library, not of its text); else what the text says
+            "fixed_namespaces": registered or plan_.sources.fixed_namespaces,
             "fixed_ops": plan_.sources.fixed_ops,
             "cuda_built": plan_.with_cuda,
             "cuda_skipped": plan_.cuda_skipped,
@@ -242,79 +257,3 @@ def _build(plan_: Plan, store: Store, ws: Path) -> tuple[Entry, float]:
         },
     )
     return entry, seconds
-
-
-# Undefined symbols that tie a library to one torch build or one Python (demangled by nm -C)
-_VERSIONED_SYMBOL = r"(?:^|[^\w:])(?:at|c10|torch|caffe2|pybind11)::|^_?Py"
-
-
-def check_stable_imports(artifact: Path, name: str) -> None:
-    """A stable-ABI entry is keyed without the torch build and Python: make sure the
-    binary imports neither (only the C shims aoti_torch_* / torch_*, libc, libstdc++)."""
-    import re
-
-    proc = subprocess.run(["nm", "-D", "-C", "--undefined-only", str(artifact)], capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise KloadError(f"kload: cannot list the symbols {artifact} imports (nm): {proc.stderr.strip()}")
-    bad = [line.split(None, 1)[-1] for line in proc.stdout.splitlines()
-           if re.search(_VERSIONED_SYMBOL, line.split(None, 1)[-1])]
-    if bad:
-        shown = "\n  ".join(bad[:5]) + (f"\n  ... and {len(bad) - 5} more" if len(bad) > 5 else "")
-        raise KloadError(
-            f"kload: {name!r} is built as a stable-ABI library (it includes kload/stable.h or torch/csrc/stable/), "
-            f"but it imports symbols of torch's C++ API or of Python, which would tie it to this torch build:\n  "
-            f"{shown}\nInclude only <kload/stable.h>, torch/csrc/stable/ and torch/headeronly/ headers (a header of "
-            "ATen, c10, torch/library.h or pybind11 included by one of your own headers does this).")
-
-
-def _run_torch_build(plan_: Plan, ws: Path, sources: list[str], pch_cflags: list[str]) -> None:
-    _ensure_ninja_on_path()
-    from torch.utils import cpp_extension
-
-    # torch remembers per process which sources it built under a name and skips
-    # the build when they look unchanged; it cannot see headers, so forget that.
-    versioner = getattr(cpp_extension, "JIT_EXTENSION_VERSIONER", None)
-    if versioner is not None and hasattr(versioner, "entries"):
-        versioner.entries.pop(plan_.name, None)
-    log_path = ws / "build.log"
-    kload_include = "-I" + shlex.quote(str(include_dir()))
-    # the CUDA headers of a PyPI torch, after the toolkit's own (not keyed: torch's identity covers them)
-    cuda_includes = [f"-isystem {shlex.quote(p)}" for p in toolchain.pip_cuda_includes()] if plan_.with_cuda else []
-    # torch's own function, even when kload.patch() (or anything on top of it) replaced the attribute
-    torch_load = getattr(cpp_extension, "_kload_torch_load", cpp_extension.load)
-    try:
-        torch_load(
-            name=plan_.name,
-            sources=sources,
-            # copies: torch appends its own flags to these lists, and the manifest records ours
-            # kload's include directory through the flags, so that g++ finds the
-            # precompiled headers' directories ahead of it (and nvcc does not)
-            extra_cflags=list(plan_.cflags) + pch_cflags + [kload_include] + cuda_includes,
-            extra_cuda_cflags=list(plan_.cuda_cflags) + [kload_include] + cuda_includes,
-            extra_ldflags=list(plan_.ldflags),
-            extra_include_paths=list(plan_.opts.include_paths),
-            build_directory=str(ws),
-            verbose=plan_.opts.verbose,
-            with_cuda=plan_.with_cuda,
-            is_python_module=False,
-            is_standalone=bool(plan_.inputs.get("standalone")),
-        )
-    except RuntimeError as e:
-        text = str(e)
-        if not text.startswith("Error building extension"):
-            raise
-        output = text.split(":", 1)[1] if ":" in text else text
-        if "No space left on device" in output or "Disk quota exceeded" in output:
-            raise writable_error(ws.parent.parent, OSError(errno.ENOSPC, "No space left on device", str(ws)))
-        if not output.strip() and plan_.opts.verbose:
-            # verbose builds print straight to the terminal; capture the failure once more
-            proc = subprocess.run(["ninja", "-v"], cwd=ws, capture_output=True, text=True)
-            output = proc.stdout + proc.stderr
-        log_path.write_text(output)
-        raise CompileError(plan_.name, parse_diagnostics(output), log_path, output) from None
-    except OSError as e:
-        cause = e.__cause__ or e
-        hint = ""
-        if plan_.cuda_skipped and "undefined symbol" in str(cause):
-            hint = f"\n(its CUDA sources were not built: {plan_.cuda_skipped})"
-        raise KloadError(f"kload: {plan_.name!r} compiled but cannot be loaded: {cause}{hint}") from None

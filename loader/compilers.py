@@ -71,12 +71,16 @@ def cuda_toolkit(plan_: Plan):
     arch = plan_.inputs.get("cuda_arch", "")
     try:
         cpp_extension.CUDA_HOME = home
-        if arch.startswith("default:"):
-            os.environ["TORCH_CUDA_ARCH_LIST"] = arch.split(":", 1)[1]
+        where, _, archs = arch.partition(":")
+        if where in ("default", "detected"):
             from .progress import say
 
-            say(f"kload: no GPU here and TORCH_CUDA_ARCH_LIST is unset: building {plan_.name}'s CUDA code for "
-                f"{os.environ['TORCH_CUDA_ARCH_LIST']} (set TORCH_CUDA_ARCH_LIST for other GPUs)")
+            # torch's loader, left to itself, adds +PTX to what it detects: one cubin for
+            # the GPU here is all a JIT build needs (cicc and ptxas run once per target)
+            os.environ["TORCH_CUDA_ARCH_LIST"] = archs
+            say(f"kload: TORCH_CUDA_ARCH_LIST is unset: building {plan_.name}'s CUDA code for {archs} "
+                + ("only, the GPU here" if where == "detected" else "(no GPU here)")
+                + " (set TORCH_CUDA_ARCH_LIST for other GPUs)")
         yield
     finally:
         cpp_extension.CUDA_HOME = saved_home
@@ -84,6 +88,15 @@ def cuda_toolkit(plan_: Plan):
             os.environ.pop("TORCH_CUDA_ARCH_LIST", None)
         else:
             os.environ["TORCH_CUDA_ARCH_LIST"] = saved_arch
+
+
+def nvcc_threads(flags: list[str]) -> list[str]:
+    """nvcc compiles each architecture of TORCH_CUDA_ARCH_LIST in turn (cicc, then
+    ptxas); ``--threads`` runs them side by side. Not part of the key (same output)."""
+    archs = [a for a in os.environ.get("TORCH_CUDA_ARCH_LIST", "").replace(";", " ").split() if a]
+    n = min(len(archs), len(os.sched_getaffinity(0)))
+    mine = any(f.split("=")[0] in ("-t", "--threads") for f in flags)
+    return [f"--threads={n}"] if n > 1 and not mine else []
 
 
 # Peak memory of one compile (measured: a <kload/stable.h> TU ~0.3 GB, <kload/kernel.h>

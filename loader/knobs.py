@@ -92,6 +92,13 @@ def torch_release() -> tuple[int, int]:
     return int(major), int(minor)
 
 
+def lean_cuda() -> bool:
+    """``KLOAD_LEAN_CUDA`` (default 1): a .cu that includes <torch/extension.h> but
+    needs none of its Python half (no PYBIND11_MODULE, pybind11 or torch:: frontend
+    namespace) is compiled with kload's lean one (torch/types.h). 0: torch's own."""
+    return _flag("KLOAD_LEAN_CUDA", True)
+
+
 def pch() -> bool:
     """``KLOAD_PCH`` (default 1): precompile <kload/kernel.h> and <torch/extension.h>
     into the cache (GCC only) and compile every source that includes one first with
@@ -223,6 +230,8 @@ KEYED_ENV = (
     "CPLUS_INCLUDE_PATH",
     "LIBRARY_PATH",
     "_GLIBCXX_USE_CXX11_ABI",
+    "CUDAHOSTCXX",
+    "NVCC_CCBIN",
 )
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from kload.cache.key import source_key
 from kload.cache.store import Store
 
-from . import knobs, toolchain
+from . import knobs, linking, toolchain
 from .errors import KloadError
 from .options import Options, include_dir
 from .sources import SourceSet, no_bindings, scan
@@ -69,6 +69,19 @@ def stable_target(name: str) -> tuple[int, int]:
     return major, minor
 
 
+def cuda_host_compiler(flags: list[str]) -> list[str]:
+    """nvcc's host compiler: torch's loader passes ``-ccbin $CC``; a CUDA image's
+    ``CUDAHOSTCXX`` (CMake's name, which nvcc does not read) is honoured the same way
+    where CC and NVCC_CCBIN are unset."""
+    import os
+
+    host = os.environ.get("CUDAHOSTCXX")
+    if host and not os.environ.get("CC") and not os.environ.get("NVCC_CCBIN") \
+            and not any(f.startswith(("-ccbin", "--compiler-bindir")) for f in flags):
+        return ["-ccbin", host]
+    return []
+
+
 def plan(opts: Options, store: Store) -> Plan:
     known = toolchain.memo(store.root)
     before = len(known)
@@ -100,9 +113,18 @@ def plan(opts: Options, store: Store) -> Plan:
     # Bind each library's calls to its own functions: a process that loaded an
     # older build of the same code must not serve the newer build's calls.
     ldflags = list(opts.ldflags) + ["-Wl,-Bsymbolic-functions"]
-    # gold links against libtorch's large symbol tables ~3x faster than bfd
-    if knobs.fast_link() and not any(f.startswith("-fuse-ld") for f in ldflags) and toolchain.has_gold(store.root):
-        ldflags.append("-fuse-ld=gold")
+    # gold links against libtorch's large symbol tables ~3x faster than bfd, where it
+    # links at all; and the shared C++ runtime, named where -lstdc++ would find only
+    # libstdc++.a (linking.py probes the toolchain once)
+    picked = any(f.startswith("-fuse-ld") for f in opts.ldflags)
+    link = linking.link_facts(cxx, list(opts.ldflags), store.root, knobs.fast_link() and not picked)
+    ldflags += link.runtime_flags
+    if link.fast_linker:
+        ldflags.append(linking.FAST_LINKER)
+    if with_cuda:
+        cuda_cflags = cuda_host_compiler(cuda_cflags) + cuda_cflags
+        if sset.cuda_lean_extension and knobs.lean_cuda():  # ahead of torch's include directories
+            cuda_cflags.insert(0, "-I" + str(include_dir() / "kload" / "lean"))
     if opts.debug:
         cflags += ["-g", "-O0"]
         cuda_cflags += ["-g", "-G", "-O0"]
@@ -153,7 +175,7 @@ def plan(opts: Options, store: Store) -> Plan:
         inputs["host_cpu"] = knobs.host_cpu()  # -march=native binaries run only where built
     if with_cuda:
         inputs["nvcc"] = toolchain.compiler_identity(
-            str(Path(toolchain.find_cuda_home(), "bin", "nvcc")), store.root)
+            str(Path(toolchain.find_cuda_home(), "bin", "nvcc")), store.root, ask=False)
         inputs["cuda_arch"] = toolchain.cuda_arch_list()
     return Plan(opts, sset, [s.path for s in built], with_cuda, reason, cflags, cuda_cflags, ldflags,
                 inputs, source_key(inputs))

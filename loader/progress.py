@@ -30,11 +30,12 @@ INTERVAL = 0.25  # seconds between updates
 mode = knobs.output_mode
 
 
-def say(text: str, *, error: bool = False) -> None:
-    """One line where the user is looking (and always a log record)."""
-    (log.error if error else log.info)("%s", text)
+def say(text: str, *, error: bool = False, warning: bool = False) -> None:
+    """One line where the user is looking (and always a log record). Errors and
+    warnings (a toolchain kload had to repair) reach stderr even without a terminal."""
+    (log.error if error else log.warning if warning else log.info)("%s", text)
     where = mode()
-    if where is None and error:
+    if where is None and (error or warning):
         where = "terminal"  # errors are not progress: stderr even when it is not a TTY
     if where == "notebook" and not error:
         from IPython.display import display

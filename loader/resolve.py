@@ -92,13 +92,16 @@ def resolve_full(opts: Options, root: Path, fast: tuple[str, str] | None) -> tup
             how = "built"
             # torch's loader has loaded what it built (its TORCH_LIBRARY blocks ran): this
             # build owns those namespaces now, so a load() after build() is no second owner
-            claim_fixed_namespaces(p.sources.fixed_namespaces, entry.key)
+            claim_fixed_namespaces(entry.manifest.get("fixed_namespaces") or [], entry.key)
             knobs.evict_after_build(store, entry.path.name)
     if fast is not None:
         fp, cxx = fast
         files: dict[str, str | None] = {str(s.path): s.sha256 for s in p.sources.sources}
         files.update(entry.manifest.get("headers") or {})
         files[cxx] = None  # the compiler binary: its version is remembered by this stamp too
+        proper = p.inputs["cxx"].get("proper")
+        if proper:  # the GCC behind a wrapper (ccache): an upgrade of it changes this file, not the wrapper
+            files[proper] = None
         for code in KEY_CODE:
             files[code] = None
         if "-fuse-ld=gold" in p.ldflags:

@@ -34,6 +34,11 @@ _KERNEL_H = r"#\s*include\s*[<\"]kload/(?:kernel|stable)\.h[>\"]"  # both define
 # headers kload can precompile (pch.py), when a source includes one first
 PCH_HEADERS = ("kload/kernel.h", "kload/stable.h", "torch/extension.h")
 _INCLUDE = r"#\s*include\s*[<\"]([^>\"]+)[>\"]"
+_EXTENSION_H = r"#\s*include\s*[<\"]torch/extension\.h[>\"]"
+# torch's C++ frontend beyond torch/types.h (tensors, factories, TORCH_CHECK): a .cu
+# that names one of these keeps the whole <torch/extension.h>
+_FRONTEND = (r"\btorch\s*::\s*(?:nn|optim|data|jit|autograd|serialize|cuda|fft|linalg|special|nested|python|"
+             r"Library|CppFunction|save|load|manual_seed)\b|\bpybind11\b|\bpy\s*::|\bPy[A-Z_]\w*\s*\(")
 
 
 class Source(NamedTuple):
@@ -55,6 +60,9 @@ class SourceSet:
         self.missing_checks: list[str] = []  # CHECK_* used but not defined (kload supplies them)
         self.first_includes: dict[str, str | None] = {}  # source -> the PCH_HEADERS header it starts with
         self.pch_headers: list[str] = []   # the PCH_HEADERS that any source includes, first or not
+        # CUDA sources include <torch/extension.h> and need none of its Python half (no
+        # PYBIND11_MODULE, no pybind11, no torch:: frontend namespace): nvcc gets a lean one
+        self.cuda_lean_extension = False
 
     @property
     def style(self) -> str:
@@ -84,7 +92,7 @@ def scan(paths: list[Path], memo: dict | None = None) -> SourceSet:
     for p in paths:
         data = p.read_bytes()
         out.sources.append(Source(p, hashlib.sha256(data).hexdigest(), p.suffix in CUDA_SUFFIXES))
-    memo_key = "scan8:" + ",".join(s.sha256 for s in out.sources)
+    memo_key = "scan9:" + ",".join(s.sha256 for s in out.sources)
     found = memo.get(memo_key) if memo is not None else None
     if found is None:
         found = _classify([s.path.read_bytes() for s in out.sources], [s.path for s in out.sources])
@@ -96,6 +104,7 @@ def scan(paths: list[Path], memo: dict | None = None) -> SourceSet:
     out.first_includes = {str(s.path): h for s, h in zip(out.sources, found["first_includes"])}
     out.pch_headers = list(found["pch_headers"])
     out.stable = found["stable"]
+    out.cuda_lean_extension = found["cuda_lean_extension"]
     return out
 
 
@@ -121,6 +130,7 @@ def _classify(blobs: list[bytes], paths: list[Path]) -> dict:
     firsts: list[str | None] = []
     pch_headers: set[str] = set()
     stable_inc = versioned_inc = False
+    cuda_extension_h, cuda_frontend = False, False
     for data, path in zip(blobs, paths):
         code = data.decode("utf-8", errors="replace")
         if "/" in code:
@@ -131,6 +141,9 @@ def _classify(blobs: list[bytes], paths: list[Path]) -> dict:
                 pch_headers.update(h for h in re.findall(_INCLUDE, code) if h in PCH_HEADERS)
         else:
             firsts.append(None)
+            if "torch/extension.h" in code and re.search(_EXTENSION_H, code):
+                cuda_extension_h = True
+            cuda_frontend |= "PYBIND11_MODULE" in code or bool(re.search(_FRONTEND, code))
         out.op_library |= "KLOAD_" in code and bool(re.search(_OPLIB, code))
         out.python_module |= "PYBIND11_MODULE" in code and bool(re.search(_PYBIND, code))
         if "TORCH_LIBRARY" in code:
@@ -155,7 +168,8 @@ def _classify(blobs: list[bytes], paths: list[Path]) -> dict:
             "fixed_namespaces": out.fixed_namespaces, "fixed_ops": out.fixed_ops if out.fixed_namespaces else [],
             "missing_checks": [] if includes_kernel_h else _missing_checks(used, defined), "first_includes": firsts,
             "pch_headers": sorted(pch_headers),
-            "stable": stable_inc and not versioned_inc and not out.python_module}
+            "stable": stable_inc and not versioned_inc and not out.python_module,
+            "cuda_lean_extension": cuda_extension_h and not cuda_frontend}
 
 
 def no_bindings(sset: SourceSet) -> KloadError:

@@ -16,25 +16,6 @@ from .knobs import cxx_command, keyed_environment, python_identity, torch_identi
 from kload.cache.store import read_json, write_json_atomic
 
 
-@lru_cache(maxsize=None)
-def has_gold(cache_root: Path) -> bool:
-    """Is ``ld.gold`` on PATH? Remembered in the cache's memo per PATH: a hit checks
-    the remembered file with one access() instead of searching PATH. (Which gold is
-    found does not matter, only whether one is: a gold installed after the memo said
-    "none" is used after ``python -m kload cache clear``.)"""
-    known = memo(cache_root)
-    k = "gold|" + os.environ.get("PATH", "")
-    found = known.get(k)
-    if isinstance(found, str) and os.access(found, os.X_OK):
-        return True
-    if found is False:
-        return False
-    path = which("ld.gold")
-    known[k] = path or False
-    save_memo(cache_root)
-    return path is not None
-
-
 def _toolkit(home: str | os.PathLike) -> bool:
     return Path(home, "bin", "nvcc").exists() and Path(home, "include", "cuda_runtime.h").exists()
 
@@ -135,39 +116,77 @@ def save_memo(cache_root: Path) -> None:
 
 
 def is_gcc(identity: dict) -> bool:
-    """Whether a compiler_identity() is GCC: its resolved path (c++ -> .../x86_64-linux-gnu-g++-12)
-    or its version line says so, and neither says clang."""
-    name, version = os.path.basename(identity["path"]).lower(), identity["version"].lower()
-    if "clang" in name or "clang" in version:
-        return False
-    return any(w in text for w in ("g++", "gcc") for text in (name, version))
+    """Whether a compiler_identity() is GCC, as the compiler itself says (``__GNUC__``
+    without ``__clang__``), through any wrapper (ccache, a site's ``cxx`` script)."""
+    return identity.get("family") == "gcc"
 
 
-def compiler_identity(command: str, cache_root: Path) -> dict:
-    """``{"path", "version"}`` of a compiler, from a stat-keyed memo when possible."""
+def _ask_compiler(path: str) -> tuple[str, str, str | None]:
+    """``(family, version, compiler proper)`` from the compiler's predefined macros, run
+    by the name it was found under (a ccache symlink runs the compiler it stands for)."""
+    import subprocess
+
+    try:
+        proc = subprocess.run([path, "-dM", "-E", "-x", "c++", os.devnull], capture_output=True, text=True,
+                              timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise KloadError(f"kload: could not run {path} -dM -E: {e}") from e
+    macros = dict(line.split(" ", 2)[1:] for line in proc.stdout.splitlines()
+                  if line.startswith("#define ") and line.count(" ") >= 2)
+    if "__clang__" in macros:
+        return "clang", "clang " + macros.get("__clang_version__", "?").strip('"'), None
+    if "__GNUC__" not in macros:
+        return "other", "", None
+    version = "gcc " + macros.get("__VERSION__", "?").strip('"')
+    # the compiler proper (cc1plus) of the GCC that really compiles: its file is what an upgrade changes
+    try:
+        out = subprocess.run([path, "-print-prog-name=cc1plus"], capture_output=True, text=True, timeout=60)
+        proper = os.path.realpath(out.stdout.strip()) if os.path.isabs(out.stdout.strip()) else None
+    except (OSError, subprocess.TimeoutExpired):
+        proper = None
+    return "gcc", version, proper
+
+
+def _stat_stamp(path: str) -> str | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return f"{path}|{st.st_ino}|{st.st_size}|{st.st_mtime_ns}"
+
+
+def compiler_identity(command: str, cache_root: Path, ask: bool = True) -> dict:
+    """``{"command", "path", "real", "version", "family", "proper"}`` of a compiler, from a stat-keyed memo
+    when possible. ``ask``: identify a C/C++ compiler by its predefined macros (the
+    compiler that really compiles, behind any wrapper); else (nvcc) by ``--version``."""
     path = which(command)
     if path is None:
         raise KloadError(f"kload: compiler {command!r} not found on PATH (set CXX to a C++ compiler)")
-    st = os.stat(path)  # follows links: a re-pointed link changes the inode
-    stamp = f"{path}|{st.st_ino}|{st.st_size}|{st.st_mtime_ns}"
+    stamp = _stat_stamp(path)  # follows links: a re-pointed link changes the inode
     known = memo(cache_root)
-    found = known.get(stamp)
-    if isinstance(found, list):
-        real, version = found
+    found = known.get(f"id2|{ask}|{stamp}")
+    # a wrapper (ccache) stays the same file when the GCC behind it is upgraded: its cc1plus does not
+    if isinstance(found, list) and len(found) == 5 and (found[3] is None or _stat_stamp(found[3]) == found[4]):
+        real, version, family, proper = found[:4]
     else:
         real = os.path.realpath(path)
         import subprocess
 
         try:
-            proc = subprocess.run([real, "--version"], capture_output=True, text=True, timeout=60)
+            proc = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=60)
         except (OSError, subprocess.TimeoutExpired) as e:
-            raise KloadError(f"kload: could not run {real} --version: {e}") from e
+            raise KloadError(f"kload: could not run {path} --version: {e}") from e
         lines = [t for t in (proc.stdout or proc.stderr).splitlines() if t.strip()]
         # gcc/clang name themselves on line 1; nvcc says "release X.Y" further down
         version = " | ".join(lines[:1] + [t for t in lines[1:] if "release" in t.lower()]) or "unknown"
-        known[stamp] = [real, version]
+        family, proper = "other", None
+        if ask:
+            family, said, proper = _ask_compiler(path)
+            version = said or version
+        known[f"id2|{ask}|{stamp}"] = [real, version, family, proper, proper and _stat_stamp(proper)]
         save_memo(cache_root)
-    return {"command": command, "path": real, "version": version}
+    return {"command": command, "path": path, "real": real, "version": version, "family": family,
+            "proper": proper}
 
 
 def system_prefixes(with_cuda: bool) -> tuple[str, ...]:

@@ -200,3 +200,66 @@ def run_code(code: str, env: dict | None = None, cwd=None, timeout=600) -> subpr
 def last_json(proc: subprocess.CompletedProcess) -> dict:
     assert proc.returncode == 0, f"exit {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+# -- crash-safe checks -------------------------------------------------------------------
+
+def in_child(fn, timeout: float = 120) -> dict:
+    """Run ``fn()`` in a forked child of this process: what it returns or raises comes
+    back, and a crash (SIGSEGV, abort) or a hang fails the one test that asked, not the
+    whole run. The child runs torch single-threaded (an OpenMP pool does not survive a
+    fork) and ends with os._exit (no pytest teardown there)."""
+    import select
+    import signal
+    import time
+
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child
+        os.close(r)
+        try:
+            import torch
+
+            torch.set_num_threads(1)
+            value = fn()
+            out = {"returned": repr(value)[:2000]}
+        except BaseException as e:  # noqa: BLE001 - reported to the parent
+            out = {"raised": type(e).__name__, "mro": [c.__name__ for c in type(e).__mro__], "message": str(e)}
+        data = json.dumps(out).encode()
+        while data:
+            data = data[os.write(w, data):]
+        os._exit(0)
+    os.close(w)
+    chunks, deadline = [], time.monotonic() + timeout
+    try:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([r], [], [], left)[0]:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                pytest.fail(f"the call did not return within {timeout} s (killed)")
+            chunk = os.read(r, 65536)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    finally:
+        os.close(r)
+    _, status = os.waitpid(pid, 0)
+    if os.WIFSIGNALED(status):
+        pytest.fail(f"the call crashed the process: {signal.Signals(os.WTERMSIG(status)).name}")
+    if not chunks:
+        pytest.fail(f"the child exited with status {os.WEXITSTATUS(status)} and said nothing")
+    return json.loads(b"".join(chunks))
+
+
+def raises_in_child(fn, exc: type[BaseException], match: str = "") -> str:
+    """pytest.raises, crash-safe: ``fn()`` raises ``exc`` (or a subclass) whose message
+    matches ``match``, in a child process. Returns the message."""
+    import re
+
+    out = in_child(fn)
+    if "raised" not in out:
+        pytest.fail(f"expected {exc.__name__}, but the call returned {out['returned']}")
+    assert exc.__name__ in out["mro"], f"expected {exc.__name__}, got {out['raised']}: {out['message']}"
+    assert re.search(match, out["message"]), f"{match!r} not in {out['message']!r}"
+    return out["message"]

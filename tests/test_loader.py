@@ -123,12 +123,16 @@ def test_gcc_gets_its_parse_flags_before_the_callers(vadd_dir, kload_cache):
     from kload.options import Options
     from kload.plan import GCC_PARSE_FLAGS, plan
 
-    assert toolchain.is_gcc({"path": "/usr/bin/x86_64-linux-gnu-g++-12", "version": "c++ (Debian 12.2.0-14) 12.2.0"})
-    assert toolchain.is_gcc({"path": "/usr/bin/x86_64-linux-gnu-g++-11",
-                             "version": "c++ (Ubuntu 11.4.0-1ubuntu1~22.04) 11.4.0"})
-    assert toolchain.is_gcc({"path": "/opt/bin/c++", "version": "g++ (GCC) 13.2.1 20231205"})
-    assert not toolchain.is_gcc({"path": "/usr/lib/llvm-14/bin/clang", "version": "Debian clang version 14.0.6"})
-    assert not toolchain.is_gcc({"path": "/opt/intel/bin/icpx", "version": "Intel(R) oneAPI DPC++/C++ Compiler"})
+    # GCC is what the compiler says it is (its predefined macros), not what its file is called
+    d = kload_cache.parent / "compilers"
+    d.mkdir(exist_ok=True)
+    plain = write(d / "site-cxx", '#!/bin/sh\nexec g++ "$@"\n')    # a wrapper whose name says nothing
+    liar = write(d / "g++", '#!/bin/sh\necho "g++ (GCC) 13.2.1"\n')  # named g++, prints a GCC banner
+    for f in (plain, liar):
+        f.chmod(0o755)
+    assert toolchain.is_gcc(toolchain.compiler_identity(str(plain), d))
+    assert toolchain.compiler_identity(str(plain), d)["version"] == toolchain.compiler_identity("g++", d)["version"]
+    assert not toolchain.is_gcc(toolchain.compiler_identity(str(liar), d))
 
     opts = Options(name="vadd", paths=[vadd_dir / "vadd.cpp"], cflags=["--param=ggc-min-heapsize=65536"])
     p = plan(opts, Store(kload_cache))

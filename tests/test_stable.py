@@ -12,7 +12,7 @@ import torch
 import kload
 from kload.errors import CompileError, KloadError
 
-from conftest import kload_cli, run_py, write
+from conftest import kload_cli, raises_in_child, run_py, write
 
 SADD = """\
     #include <kload/stable.h>
@@ -80,14 +80,13 @@ def test_builds_loads_and_runs_with_a_stable_key(sadd):
 def test_bad_inputs_raise_the_kernels_message(sadd):
     h, _ = sadd
     a = torch.randn(8)
-    with pytest.raises(RuntimeError, match=r"inputs must have the same shape, got \[8\] and \[3\]"):
-        h.sadd(a, torch.randn(3))
-    with pytest.raises(RuntimeError, match="inputs must have the same dtype, got Float and Double"):
-        h.sadd(a, a.double())
-    with pytest.raises(RuntimeError, match=r"\"sadd\" not implemented for 'Int'"):
-        h.sadd(a.int(), a.int())
-    with pytest.raises(RuntimeError, match="no fake impl or Meta kernel registered"):
-        h.sadd(a.to("meta"), a)  # a device with no kernel: torch's own message, not a crash
+    h.load()  # each check runs in a fork of this process (a crash fails the check, not the run)
+    raises_in_child(lambda: h.sadd(a, torch.randn(3)), RuntimeError,
+                    r"inputs must have the same shape, got \[8\] and \[3\]")
+    raises_in_child(lambda: h.sadd(a, a.double()), RuntimeError, "inputs must have the same dtype, got Float and Double")
+    raises_in_child(lambda: h.sadd(a.int(), a.int()), RuntimeError, r"\"sadd\" not implemented for 'Int'")
+    # a device with no kernel: torch's own message, not a crash
+    raises_in_child(lambda: h.sadd(a.to("meta"), a), RuntimeError, "no fake impl or Meta kernel registered")
 
 
 def test_edit_reloads_in_place_and_a_schema_change_takes_a_new_namespace(tmp_path):

@@ -17,13 +17,15 @@ ORDER = [
     "kload.cache.bundle", "kload.cache.remote",
     "kload.knobs",
     "kload.options",                                               # 1 what the user passed
-    "kload.fingerprint", "kload.toolchain", "kload.sources",       # 2 fingerprint and key inputs
+    "kload.progress",                                              # basics: the line the user sees
+    "kload.fingerprint", "kload.toolchain", "kload.linking", "kload.sources",  # 2 fingerprint and key inputs
     "kload.plan", "kload.explain",                                 # 3 plan, source key
     "kload.precompile", "kload.pch",                               # 4 precompiled headers
-    "kload.progress", "kload.compilers", "kload.remote", "kload.build",            # 4 build
+    "kload.compilers", "kload.torchbuild", "kload.remote", "kload.build",  # 4 build
     "kload.library",                                               # 5 load a library into the process
     "kload.resolve",                                               # 6 hit record / full lookup / build
     "kload.watch", "kload.handle",                                 # 7 the user's Handle
+    "kload.nvrtc", "kload.cudadrv", "kload.live_cuda",             # 7b CUDA device code: NVRTC, driver, swap
     "kload.api", "kload.ide", "kload.cpp_extension", "kload.magic", "kload.cli_cache", "kload.cli_remote", "kload.__main__", "kload",  # 8 front doors
 ]
 

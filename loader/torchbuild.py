@@ -1,0 +1,172 @@
+"""Step 4 of a load, the compile itself: one run of torch.utils.cpp_extension.load
+for a plan (kload's flags beside the plan's), with the linked library checked
+before torch loads it, and torch's "Error building extension" turned into a
+CompileError. Also what a built library tells about itself: the stable ABI's
+imports, the namespaces torch registered when it loaded.
+"""
+from __future__ import annotations
+
+import errno
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from kload.cache.store import writable_error
+
+from . import linking, toolchain
+from .compilers import nvcc_threads
+from .errors import CompileError, KloadError, parse_diagnostics
+from .options import include_dir
+from .plan import Plan
+
+
+def _ensure_ninja_on_path() -> None:
+    if shutil.which("ninja") is None:
+        here = Path(sys.executable).parent
+        if (here / "ninja").exists():
+            os.environ["PATH"] = f"{here}{os.pathsep}{os.environ.get('PATH', '')}"
+        else:
+            raise KloadError("kload: ninja is not installed (pip install ninja)")
+
+
+def op_names() -> set[str]:
+    import torch
+
+    return set(torch._C._dispatch_get_all_op_names())
+
+
+def registered_namespaces(before: set[str] | None) -> list[str]:
+    """The namespaces of the operators that appeared since ``before`` (torch's loader
+    loaded the library it built)."""
+    if before is None:
+        return []
+    return sorted({n.split("::", 1)[0] for n in op_names() - before if "::" in n})
+
+
+# Undefined symbols that tie a library to one torch build or one Python (demangled by nm -C)
+_VERSIONED_SYMBOL = r"(?:^|[^\w:])(?:at|c10|torch|caffe2|pybind11)::|^_?Py"
+
+
+def check_stable_imports(artifact: Path, name: str) -> None:
+    """A stable-ABI entry is keyed without the torch build and Python: make sure the
+    binary imports neither (only the C shims aoti_torch_* / torch_*, libc, libstdc++)."""
+    import re
+
+    proc = subprocess.run(["nm", "-D", "-C", "--undefined-only", str(artifact)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise KloadError(f"kload: cannot list the symbols {artifact} imports (nm): {proc.stderr.strip()}")
+    bad = [line.split(None, 1)[-1] for line in proc.stdout.splitlines()
+           if re.search(_VERSIONED_SYMBOL, line.split(None, 1)[-1])]
+    if bad:
+        shown = "\n  ".join(bad[:5]) + (f"\n  ... and {len(bad) - 5} more" if len(bad) > 5 else "")
+        raise KloadError(
+            f"kload: {name!r} is built as a stable-ABI library (it includes kload/stable.h or torch/csrc/stable/), "
+            f"but it imports symbols of torch's C++ API or of Python, which would tie it to this torch build:\n  "
+            f"{shown}\nInclude only <kload/stable.h>, torch/csrc/stable/ and torch/headeronly/ headers (a header of "
+            "ATen, c10, torch/library.h or pybind11 included by one of your own headers does this).")
+
+
+class _CheckedLoad:
+    """While torch's loader builds: check the linked library before it loads it
+    (linking.check_artifact: a private C++ runtime would crash this process on the
+    first exception). Wraps the loader's private load step where it has one; else
+    the check runs right after."""
+
+    def __init__(self, cpp_extension, plan_: Plan, artifact: Path):
+        self.mod, self.plan, self.artifact = cpp_extension, plan_, artifact
+        self.original = getattr(cpp_extension, "_import_module_from_library", None)
+        self.checked = False
+
+    def check(self) -> None:
+        if not self.checked and not self.plan.inputs.get("standalone"):
+            linking.check_artifact(self.artifact, self.plan.name, self.plan.inputs["cxx"])
+        self.checked = True
+
+    def __enter__(self):
+        if self.original is not None:
+            def checked(*args, **kwargs):
+                self.check()
+                return self.original(*args, **kwargs)
+            self.mod._import_module_from_library = checked
+        return self
+
+    def __exit__(self, *exc):
+        if self.original is not None:
+            self.mod._import_module_from_library = self.original
+        if exc[0] is None:
+            self.check()
+        return False
+
+
+def run(plan_: Plan, ws: Path, sources: list[str], pch_cflags: list[str], artifact: Path) -> None:
+    _ensure_ninja_on_path()
+    from torch.utils import cpp_extension
+
+    # torch remembers per process which sources it built under a name and skips
+    # the build when they look unchanged; it cannot see headers, so forget that.
+    versioner = getattr(cpp_extension, "JIT_EXTENSION_VERSIONER", None)
+    if versioner is not None and hasattr(versioner, "entries"):
+        versioner.entries.pop(plan_.name, None)
+    log_path = ws / "build.log"
+    kload_include = "-I" + shlex.quote(str(include_dir()))
+    # the CUDA headers of a PyPI torch, after the toolkit's own (not keyed: torch's identity covers them)
+    cuda_includes = [f"-isystem {shlex.quote(p)}" for p in toolchain.pip_cuda_includes()] if plan_.with_cuda else []
+    # torch's own function, even when kload.patch() (or anything on top of it) replaced the attribute
+    torch_load = getattr(cpp_extension, "_kload_torch_load", cpp_extension.load)
+    try:
+        with _CheckedLoad(cpp_extension, plan_, artifact):
+            _torch_load(torch_load, plan_, ws, sources, pch_cflags, kload_include, cuda_includes)
+    except RuntimeError as e:
+        _raise_build_error(plan_, ws, log_path, e)
+    except OSError as e:
+        cause = e.__cause__ or e
+        hint = ""
+        if plan_.cuda_skipped and "undefined symbol" in str(cause):
+            hint = f"\n(its CUDA sources were not built: {plan_.cuda_skipped})"
+        raise KloadError(f"kload: {plan_.name!r} compiled but cannot be loaded: {cause}{hint}") from None
+
+
+def _torch_load(torch_load, plan_: Plan, ws: Path, sources: list[str], pch_cflags: list[str], kload_include: str,
+                cuda_includes: list[str]) -> None:
+    torch_load(
+        name=plan_.name,
+        sources=sources,
+        # copies: torch appends its own flags to these lists, and the manifest records ours
+        # kload's include directory through the flags, so that g++ finds the
+        # precompiled headers' directories ahead of it (and nvcc does not)
+        extra_cflags=list(plan_.cflags) + pch_cflags + [kload_include] + cuda_includes,
+        extra_cuda_cflags=list(plan_.cuda_cflags) + [kload_include] + cuda_includes + nvcc_threads(plan_.cuda_cflags),
+        extra_ldflags=list(plan_.ldflags),
+        extra_include_paths=list(plan_.opts.include_paths),
+        build_directory=str(ws),
+        verbose=plan_.opts.verbose,
+        with_cuda=plan_.with_cuda,
+        is_python_module=False,
+        is_standalone=bool(plan_.inputs.get("standalone")),
+    )
+
+
+LEAN_HINT = ("\n(kload compiled its .cu with a lean <torch/extension.h>, torch/types.h without the Python half and "
+             "the torch:: frontend: if a torch:: name is missing, set KLOAD_LEAN_CUDA=0)")
+
+
+def _raise_build_error(plan_: Plan, ws: Path, log_path: Path, e: RuntimeError) -> None:
+    """torch's "Error building extension" as a CompileError (first errors, full log)."""
+    text = str(e)
+    if not text.startswith("Error building extension"):
+        raise e
+    output = text.split(":", 1)[1] if ":" in text else text
+    if "No space left on device" in output or "Disk quota exceeded" in output:
+        raise writable_error(ws.parent.parent, OSError(errno.ENOSPC, "No space left on device", str(ws)))
+    if not output.strip() and plan_.opts.verbose:
+        # verbose builds print straight to the terminal; capture the failure once more
+        proc = subprocess.run(["ninja", "-v"], cwd=ws, capture_output=True, text=True)
+        output = proc.stdout + proc.stderr
+    log_path.write_text(output)
+    err = CompileError(plan_.name, parse_diagnostics(output), log_path, output)
+    if any(f.endswith(os.path.join("kload", "lean")) for f in plan_.cuda_cflags) and "torch::" in output:
+        err.args = (err.args[0] + LEAN_HINT,)
+    raise err from None
