@@ -3,6 +3,7 @@
     from kload import kernels
     kernels.vector_add(a, b)
     kernels.matmul(a, b)                                  # [M, K] @ [K, N]
+    kernels.matmul(a, b, torch.backends.cuda.matmul.allow_tf32)  # fp32 on TF32 tensor cores if allowed
     kernels.conv2d(x, w, bias=None, stride=1, padding=0)  # NCHW, as F.conv2d
     kernels.bias_gelu(x, bias)                            # F.gelu(x + bias), fused, with backward
 
@@ -73,13 +74,18 @@ def _save_inputs(ctx, inputs, output):
 def _matmul_autograd(h: kload.Handle) -> None:
     op = h.matmul
 
+    def setup_context(ctx, inputs, output):
+        a, b, allow_tf32 = inputs
+        ctx.save_for_backward(a, b)
+        ctx.allow_tf32 = allow_tf32
+
     def backward(ctx, grad):
         a, b = ctx.saved_tensors
-        ga = op(grad, b.t()) if ctx.needs_input_grad[0] else None
-        gb = op(a.t(), grad) if ctx.needs_input_grad[1] else None
-        return ga, gb
+        ga = op(grad, b.t(), ctx.allow_tf32) if ctx.needs_input_grad[0] else None
+        gb = op(a.t(), grad, ctx.allow_tf32) if ctx.needs_input_grad[1] else None
+        return ga, gb, None
 
-    torch.library.register_autograd(f"{h.namespace}::matmul", backward, setup_context=_save_inputs)
+    torch.library.register_autograd(f"{h.namespace}::matmul", backward, setup_context=setup_context)
 
 
 def _conv2d_autograd(h: kload.Handle) -> None:

@@ -144,14 +144,20 @@ inline V normal_cdf(V z, V e) {
   return select_by_sign(z, tail, 1.f - tail);
 }
 
+// At the infinities the formulas below would multiply an infinite z by an exact 0
+// (Phi(-inf), phi(+-inf)), which is NaN; the limits are gelu(-inf) = 0, gelu'(+inf) = 1,
+// gelu'(-inf) = 0. So z is clamped to the finite range where it multiplies such a 0
+// or feeds the CDF's reciprocal (max_of/min_of keep a NaN z NaN); gelu(+inf) = +inf stays.
+constexpr float kMaxFloat = 3.40282347e+38f;
 template <typename V>
 inline V gelu(V z) {  // z Phi(z)
-  return 0.5f * z * (1.f + erf_approx(z * float(kSqrtHalf)));
+  return 0.5f * max_of(V{} - kMaxFloat, z) * (1.f + erf_approx(z * float(kSqrtHalf)));
 }
 template <typename V>
 inline V gelu_grad(V z) {  // d gelu / dz = Phi(z) + z phi(z)
   const V e = exp_approx(-0.5f * z * z);
-  return normal_cdf(z, e) + z * (float(kInvSqrt2Pi) * e);
+  const V finite_z = min_of(V{} + kMaxFloat, max_of(V{} - kMaxFloat, z));  // also keeps recip() off inf
+  return normal_cdf(finite_z, e) + finite_z * (float(kInvSqrt2Pi) * e);
 }
 
 // One row of D elements: y = gelu(x + b).
@@ -194,16 +200,18 @@ inline void backward_row(const float* g, const float* x, const float* b, float* 
 #pragma GCC pop_options
 #endif
 
+constexpr double kMaxDouble = 1.7976931348623157e+308;
 inline void forward_row(const double* x, const double* b, double* y, int64_t D) {
   for (int64_t j = 0; j < D; ++j) {
     const double z = x[j] + b[j];
-    y[j] = 0.5 * z * (1.0 + std::erf(z * kSqrtHalf));
+    y[j] = 0.5 * (z < -kMaxDouble ? -kMaxDouble : z) * (1.0 + std::erf(z * kSqrtHalf));  // gelu(-inf) = 0
   }
 }
 inline void backward_row(const double* g, const double* x, const double* b, double* gx, double* acc, int64_t D) {
   for (int64_t j = 0; j < D; ++j) {
     const double z = x[j] + b[j];
-    gx[j] = g[j] * (0.5 * (1.0 + std::erf(z * kSqrtHalf)) + z * kInvSqrt2Pi * std::exp(-0.5 * z * z));
+    const double finite_z = std::isinf(z) ? std::copysign(kMaxDouble, z) : z;  // gelu'(+-inf) = 1, 0
+    gx[j] = g[j] * (0.5 * (1.0 + std::erf(z * kSqrtHalf)) + finite_z * kInvSqrt2Pi * std::exp(-0.5 * z * z));
     acc[j] += gx[j];
   }
 }
@@ -298,8 +306,12 @@ KLOAD_IMPL(Meta, m) {
 
 KLOAD_LAUNCHER const char* kload_bias_gelu_cuda(int dtype, const void* x, const void* bias, void* y, int64_t n,
                                                 int64_t D, void* stream);
+KLOAD_LAUNCHER const char* kload_bias_gelu_backward_workspace(int dtype, const void* grad, const void* x,
+                                                              const void* bias, const void* grad_x, int64_t n,
+                                                              int64_t D, int64_t* bytes);
 KLOAD_LAUNCHER const char* kload_bias_gelu_backward_cuda(int dtype, const void* grad, const void* x, const void* bias,
-                                                         void* grad_x, int64_t n, int64_t D, void* stream);
+                                                         void* grad_x, void* grad_bias, void* workspace, int64_t n,
+                                                         int64_t D, void* stream);
 
 namespace {
 
@@ -327,14 +339,28 @@ std::tuple<Tensor, Tensor> bias_gelu_backward_cuda(const Tensor& grad_in, const 
   const Tensor grad = kload::as_contiguous(grad_in);
   Tensor grad_x = kload::empty_like(x);
   const int64_t n = x.numel(), D = x.size(x.dim() - 1);
-  if (n > 0)
+  if (n == 0) return {grad_x, torch::stable::new_zeros(bias, bias.sizes())};  // no rows: grad_bias is 0
+  // The fast kernels sum grad_bias themselves, through a workspace of per-block
+  // partial sums (its size depends on the grid they pick); the simple ones
+  // (KLOAD_KERNELS_IMPL=simple, workspace 0) leave it to torch's column sum.
+  int64_t bytes = 0;
+  KLOAD_CHECK_LAUNCH(kload_bias_gelu_backward_workspace(dtype, grad.const_data_ptr(), x.const_data_ptr(),
+                                                        bias.const_data_ptr(), grad_x.const_data_ptr(), n, D, &bytes));
+  if (bytes == 0) {  // the simple kernels; grad_bias: the column sums of grad_x viewed as [rows, D]
     KLOAD_CHECK_LAUNCH(kload_bias_gelu_backward_cuda(dtype, grad.const_data_ptr(), x.const_data_ptr(),
-                                                     bias.const_data_ptr(), grad_x.mutable_data_ptr(), n, D,
-                                                     kload::cuda_stream(x)));
-  // grad_bias: the column sums of grad_x viewed as [rows, D] (torch's reduction)
-  const std::vector<int64_t> dims{0};
-  Tensor grad_b = torch::stable::sum(torch::stable::reshape(grad_x, {D ? n / D : 0, D}),
-                                     torch::headeronly::IntHeaderOnlyArrayRef(dims));
+                                                     bias.const_data_ptr(), grad_x.mutable_data_ptr(), nullptr, nullptr,
+                                                     n, D, kload::cuda_stream(x)));
+    const std::vector<int64_t> dims{0};
+    return {grad_x, torch::stable::sum(torch::stable::reshape(grad_x, {n / D, D}),
+                                       torch::headeronly::IntHeaderOnlyArrayRef(dims))};
+  }
+  Tensor grad_b = kload::empty(bias, {D});
+  const int64_t elem = static_cast<int64_t>(x.element_size());
+  Tensor workspace = kload::empty(x, {(bytes + elem - 1) / elem});  // x's dtype, `bytes` long
+  KLOAD_CHECK_LAUNCH(kload_bias_gelu_backward_cuda(dtype, grad.const_data_ptr(), x.const_data_ptr(),
+                                                   bias.const_data_ptr(), grad_x.mutable_data_ptr(),
+                                                   grad_b.mutable_data_ptr(), workspace.mutable_data_ptr(), n, D,
+                                                   kload::cuda_stream(x)));
   return {grad_x, grad_b};
 }
 

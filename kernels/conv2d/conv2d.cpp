@@ -224,8 +224,9 @@ KLOAD_IMPL(Meta, m) {
 #ifdef KLOAD_WITH_CUDA
 #include <kload/cuda/launcher.h>
 
+KLOAD_LAUNCHER const char* kload_conv2d_workspace(int dtype, kload_conv2d::Geometry g, int64_t* bytes);
 KLOAD_LAUNCHER const char* kload_conv2d_cuda(int dtype, const void* x, const void* w, const void* bias, void* out,
-                                             kload_conv2d::Geometry g, void* stream);
+                                             void* workspace, kload_conv2d::Geometry g, void* stream);
 KLOAD_LAUNCHER const char* kload_conv2d_backward_cuda(int dtype, const void* grad, const void* x, const void* w,
                                                       void* grad_x, void* grad_w, kload_conv2d::Geometry g,
                                                       void* stream);
@@ -244,9 +245,14 @@ Tensor conv2d_cuda(const Tensor& x_in, const Tensor& w_in, const std::optional<T
   const Tensor bias = has_bias ? kload::as_contiguous(*bias_in) : Tensor();
   Tensor out = kload::empty(x, {g.N, g.OC, g.OH, g.OW});
   if (out.numel() == 0) return out;
+  // the implicit GEMM (half/bfloat16) reads an NHWC copy of x and reordered weights
+  int64_t bytes = 0;
+  KLOAD_CHECK_LAUNCH(kload_conv2d_workspace(dtype, g, &bytes));
+  const int64_t elem = static_cast<int64_t>(x.element_size());
+  const Tensor workspace = bytes > 0 ? kload::empty(x, {(bytes + elem - 1) / elem}) : Tensor();
   KLOAD_CHECK_LAUNCH(kload_conv2d_cuda(dtype, x.const_data_ptr(), w.const_data_ptr(),
-                                       has_bias ? bias.const_data_ptr() : nullptr, out.mutable_data_ptr(), g,
-                                       kload::cuda_stream(x)));
+                                       has_bias ? bias.const_data_ptr() : nullptr, out.mutable_data_ptr(),
+                                       bytes > 0 ? workspace.mutable_data_ptr() : nullptr, g, kload::cuda_stream(x)));
   return out;
 }
 

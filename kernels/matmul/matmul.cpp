@@ -3,7 +3,11 @@
 // CPU float32: kload/cpu/gemm.h's packed, register-tiled GEMM; OpenMP threads take
 // contiguous bands of rows of `out` (each packs B itself: no sharing, no locks).
 // float64 uses the generic blocked loop. Non-contiguous inputs are made contiguous.
-// CUDA: the kernel is in matmul.cu (no torch header); the glue is at the end.
+// CUDA: the kernels are in matmul.cu (no torch header); the glue is at the end.
+// allow_tf32 lets float32 run on TF32 tensor cores on a GPU (the CPU ignores it):
+// torch.backends.cuda.matmul.allow_tf32 is a flag of torch's C++ context, which
+// the stable ABI cannot read, so the caller passes it (False: exact fp32, torch's
+// default).
 #include <kload/stable.h>
 #include "matmul.h"
 #include <kload/cpu/gemm.h>
@@ -14,7 +18,7 @@ namespace {
 using namespace kload_matmul;
 using kload::ScalarType;
 
-Tensor matmul_cpu(const Tensor& a_in, const Tensor& b_in) {
+Tensor matmul_cpu(const Tensor& a_in, const Tensor& b_in, bool /*allow_tf32*/) {
   check_matmul(a_in, b_in);
   const ScalarType t = a_in.scalar_type();
   STD_TORCH_CHECK(t == ScalarType::Float || t == ScalarType::Double,
@@ -36,14 +40,14 @@ Tensor matmul_cpu(const Tensor& a_in, const Tensor& b_in) {
   return out;
 }
 
-Tensor matmul_meta(const Tensor& a, const Tensor& b) {
+Tensor matmul_meta(const Tensor& a, const Tensor& b, bool /*allow_tf32*/) {
   check_matmul(a, b);
   return torch::stable::new_empty(a, {a.size(0), b.size(1)});
 }
 
 }  // namespace
 
-KLOAD_LIBRARY(m) { m.def("matmul(Tensor a, Tensor b) -> Tensor"); }
+KLOAD_LIBRARY(m) { m.def("matmul(Tensor a, Tensor b, bool allow_tf32=False) -> Tensor"); }
 KLOAD_IMPL(CPU, m) { m.impl("matmul", TORCH_BOX(&matmul_cpu)); }
 KLOAD_IMPL(Meta, m) { m.impl("matmul", TORCH_BOX(&matmul_meta)); }
 
@@ -51,11 +55,11 @@ KLOAD_IMPL(Meta, m) { m.impl("matmul", TORCH_BOX(&matmul_meta)); }
 #include <kload/cuda/launcher.h>
 
 KLOAD_LAUNCHER const char* kload_matmul_cuda(int dtype, const void* a, const void* b, void* out, int64_t M,
-                                             int64_t K, int64_t N, void* stream);
+                                             int64_t K, int64_t N, int allow_tf32, void* stream);
 
 namespace {
 
-Tensor matmul_cuda(const Tensor& a_in, const Tensor& b_in) {
+Tensor matmul_cuda(const Tensor& a_in, const Tensor& b_in, bool allow_tf32) {
   KLOAD_CHECK_CUDA(a_in);
   KLOAD_CHECK_CUDA(b_in);
   kload_matmul::check_matmul(a_in, b_in);
@@ -66,7 +70,7 @@ Tensor matmul_cuda(const Tensor& a_in, const Tensor& b_in) {
   Tensor out = kload::empty(a, {M, N});
   if (M == 0 || N == 0) return out;
   KLOAD_CHECK_LAUNCH(kload_matmul_cuda(dtype, a.const_data_ptr(), b.const_data_ptr(), out.mutable_data_ptr(), M, K, N,
-                                       kload::cuda_stream(a)));
+                                       allow_tf32 ? 1 : 0, kload::cuda_stream(a)));
   return out;
 }
 

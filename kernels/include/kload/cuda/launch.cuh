@@ -22,6 +22,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 
 #include "launcher.h"
@@ -46,6 +47,45 @@ namespace cuda {
 // (the grid-stride loop covers the rest).
 __attribute__((visibility("hidden"))) inline int blocks_for(int64_t n, int threads) {
   return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>((n + threads - 1) / threads, 65535LL * 32)));
+}
+
+// The current device's multiprocessor count and compute capability (major * 10 +
+// minor), asked once per device and cached (cudaDeviceGetAttribute is cheap, but
+// not free on every launch). 0 when the runtime cannot say (the launch that
+// follows reports the error).
+struct DeviceInfo {
+  int sms;
+  int cc;
+};
+__attribute__((visibility("hidden"))) inline DeviceInfo device_info() {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> sms[kMaxDevices], ccs[kMaxDevices];  // 0: not asked yet
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0) return {0, 0};
+  if (dev < kMaxDevices) {
+    const int known = sms[dev].load(std::memory_order_acquire);
+    if (known > 0) return {known, ccs[dev].load(std::memory_order_relaxed)};
+  }
+  int count = 0, major = 0, minor = 0;
+  if (cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess)
+    return {0, 0};
+  if (dev < kMaxDevices) {  // benign race: every thread stores the same values
+    ccs[dev].store(major * 10 + minor, std::memory_order_relaxed);
+    sms[dev].store(count, std::memory_order_release);
+  }
+  return {count, major * 10 + minor};
+}
+
+// Blocks for a grid-stride loop over `work` items at `threads` per block: enough
+// to fill every SM `per_sm` times over (full occupancy for a 256-thread kernel
+// on every GPU since Volta: 2048 threads per SM), never more than the work needs.
+__attribute__((visibility("hidden"))) inline int blocks_for_sms(int64_t work, int threads, int per_sm = 8) {
+  const int sms = device_info().sms;
+  const int64_t needed = std::max<int64_t>(1, (work + threads - 1) / threads);
+  const int64_t most = sms > 0 ? int64_t(sms) * per_sm : 65535;
+  return static_cast<int>(std::min<int64_t>(needed, most));
 }
 
 // a launcher's `void* stream` argument (kload::cuda_stream(x) in the glue)

@@ -11,6 +11,9 @@
 // cudaGetErrorString): no exception and no torch type crosses between the two.
 #pragma once
 
+#include <cstdlib>
+#include <cstring>
+
 // extern "C", and hidden: the .cu and the .cpp are linked into one library, and
 // nothing outside it calls the launchers (nor can one library's launchers bind
 // another's of the same name).
@@ -20,6 +23,29 @@
 // numbers (checked below when g++ compiles the glue), so the glue passes
 // static_cast<int>(x.scalar_type()).
 enum kload_dtype : int { KLOAD_FLOAT16 = 5, KLOAD_FLOAT32 = 6, KLOAD_FLOAT64 = 7, KLOAD_BFLOAT16 = 15 };
+
+// KLOAD_KERNELS_IMPL picks the shipped CUDA kernels at each call: unset, empty or
+// "fast" for the tuned ones (vectorized, tensor cores), "simple" for the first,
+// one-thread-per-element ones, kept as readable references and for comparison
+// (benchmarks/gpu.py runs both). Read at every call (getenv: ~100 ns, a launch
+// costs microseconds), so a process can switch between calls.
+namespace kload {
+namespace cuda {
+
+enum class Impl : int { fast = 0, simple = 1, invalid = 2 };
+
+__attribute__((visibility("hidden"))) inline Impl kernels_impl() {
+  const char* v = std::getenv("KLOAD_KERNELS_IMPL");
+  if (v == nullptr || *v == '\0' || std::strcmp(v, "fast") == 0) return Impl::fast;
+  if (std::strcmp(v, "simple") == 0) return Impl::simple;
+  return Impl::invalid;
+}
+
+}  // namespace cuda
+}  // namespace kload
+
+// what a launcher returns for Impl::invalid
+#define KLOAD_KERNELS_IMPL_ERROR "KLOAD_KERNELS_IMPL must be unset, \"fast\" or \"simple\""
 
 #if defined(KLOAD_STABLE_H_) && !defined(__CUDACC__)  // the .cpp glue
 static_assert(KLOAD_FLOAT16 == static_cast<int>(torch::headeronly::ScalarType::Half) &&
