@@ -15,8 +15,8 @@ from . import knobs
 from .api import load, load_inline
 from .handle import HISTORY, Handle
 
-__all__ = ["load", "load_inline", "Handle", "CompileError", "KloadError", "HISTORY", "kernels", "patch",
-           "unpatch", "cpp_extension"]
+__all__ = ["load", "load_inline", "cuda_module", "Handle", "CompileError", "KloadError", "HISTORY", "kernels",
+           "patch", "unpatch", "cpp_extension"]
 __version__ = "0.1.0"
 
 logging.getLogger("kload").addHandler(logging.NullHandler())
@@ -49,11 +49,15 @@ def load_ipython_extension(ipython):
 
 
 def __getattr__(name):
-    # `kload.kernels` (the shipped kernels) and the exceptions are imported on first use
+    # `kload.kernels` (the shipped kernels), `kload.cuda_module` and the exceptions are imported on first use
     if name in ("CompileError", "KloadError"):
         from . import errors
 
         return getattr(errors, name)
+    if name == "cuda_module":  # NVRTC and the driver API: imported by its first use only
+        from .live_cuda import cuda_module
+
+        return cuda_module
     if name in ("kernels", "cpp_extension"):
         import importlib
 

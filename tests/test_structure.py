@@ -25,7 +25,7 @@ ORDER = [
     "kload.library",                                               # 5 load a library into the process
     "kload.resolve",                                               # 6 hit record / full lookup / build
     "kload.watch", "kload.handle",                                 # 7 the user's Handle
-    "kload.nvrtc", "kload.cudadrv", "kload.live_cuda",             # 7b CUDA device code: NVRTC, driver, swap
+    "kload.nvrtc", "kload.cubin", "kload.cudadrv", "kload.live_cuda",  # 7b device code: NVRTC, cache, driver, swap
     "kload.api", "kload.ide", "kload.cpp_extension", "kload.magic", "kload.cli_cache", "kload.cli_remote", "kload.__main__", "kload",  # 8 front doors
 ]
 

@@ -1,0 +1,136 @@
+"""Cache entries of kind ``cubin``: NVRTC's output for one kernel file, name set and target.
+
+    entries/cubin-<stem>-<key16>/<stem>.cubin    (<stem>.ptx for a compute_XY target)
+                                 manifest.json   kind cubin, key, size, SHA-256, stat stamp, header closure,
+                                                 each name's lowered name and parameters (from the PTX)
+
+1. key (``Plan``): the kernel file and every file it may include, by content (a scan of
+   ``#include`` lines: NVRTC reports no dependencies), the name expressions, NVRTC's identity,
+   the target (``sm_90``, or ``compute_90`` for PTX), the options and a schema version.
+2. ``lookup``: the entry, checked as any (size, SHA-256 behind its stamp, ownership), or None.
+3. ``build``: compile (kload.nvrtc), publish (a staging directory renamed into place), evict.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import time
+import uuid
+from pathlib import Path
+
+from kload.cache import MANIFEST, SCHEMA, Entry, stamp_of
+from kload.cache.key import digest, file_sha256, sha256_now
+from kload.cache.store import Store, write_json_atomic
+
+from . import knobs, nvrtc
+from .options import include_dir
+
+CUBIN_SCHEMA = 1  # bump when the entry's layout or the meaning of its key changes
+DEFAULT_OPTIONS = ("-std=c++17",)
+_INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*([<"])([^>"]+)[>"]', re.M)
+
+
+def closure(path: str, include_dirs: list[str], system_dir: str | None) -> dict[str, str | None]:
+    """Every file ``path`` may include (quoted: beside the includer, then ``include_dirs``;
+    <angled>: ``include_dirs``), with its SHA-256; a name found nowhere maps to None (its
+    later appearance changes the key). Conditional includes are followed too: the closure
+    can be larger than what NVRTC read, never smaller. Headers in NVRTC's own CUDA include
+    directory are not followed (the NVRTC identity covers them)."""
+    out: dict[str, str | None] = {}
+    todo = [os.path.abspath(path)]
+    while todo:
+        f = todo.pop()
+        if f in out:
+            continue
+        out[f] = file_sha256(f)
+        if out[f] is None:
+            continue
+        with open(f, encoding="utf-8", errors="replace") as fh:
+            text = fh.read()
+        for quote, name in _INCLUDE.findall(text):
+            dirs = ([os.path.dirname(f)] if quote == '"' else []) + include_dirs
+            hit = next((os.path.join(d, name) for d in dirs if os.path.isfile(os.path.join(d, name))), None)
+            if hit is None:
+                if not (system_dir and os.path.isfile(os.path.join(system_dir, name))):
+                    out.setdefault(f"<missing>{name}", None)
+            elif not (system_dir and os.path.abspath(hit).startswith(system_dir + os.sep)):
+                todo.append(os.path.abspath(hit))
+    return out
+
+
+class Plan:
+    """One compile: the key, what it hashes, and where its entry lives."""
+
+    __slots__ = ("key", "inputs", "options", "names", "target", "files", "entry_dir", "stem")
+
+    def __init__(self, store: Store, path: str, names, options: list[str], include_paths: list[str], target: str):
+        lib = nvrtc.library()
+        dirs = [os.path.dirname(path)] + include_paths + [str(include_dir())]
+        self.target, self.stem, self.names = target, Path(path).stem.split(".")[0], sorted(names)
+        self.options = (list(DEFAULT_OPTIONS) + [f"-arch={target}"] + [f"-I{d}" for d in dirs]
+                        + ([f"-I{lib.include}"] if lib.include else []) + list(options))
+        self.files = closure(path, dirs, lib.include)
+        self.inputs = {"schema": CUBIN_SCHEMA, "kind": "cubin", "file": path, "names": self.names,
+                       "nvrtc": lib.identity, "target": target, "options": self.options,
+                       "cxx": {"path": lib.path, "version": f"NVRTC {lib.identity['soname']} -> {target}"}}
+        self.key = digest({"schema": SCHEMA, "inputs": self.inputs, "files": self.files})
+        self.entry_dir = store.entries / f"cubin-{self.stem}-{self.key[:16]}"
+
+
+def lookup(store: Store, plan: Plan) -> Entry | None:
+    """The published entry of ``plan``, checked as any entry (size, SHA-256 behind
+    its stamp, ownership); a damaged one is quarantined and reported as a miss."""
+    if not plan.entry_dir.is_dir() or not store.check_root():
+        return None
+    entry = store.open_entry(plan.entry_dir, plan.key)
+    if entry is not None and entry.manifest.get("kind") != "cubin":
+        return None
+    return entry
+
+
+def build(store: Store, plan: Plan, source_path: str) -> Entry:
+    """Compile ``plan`` with NVRTC and publish its entry (staging directory, then a rename)."""
+    store.prepare()
+    log_path = store.builds / f"nvrtc-{plan.stem}-{plan.key[:16]}.log"
+    with open(source_path, encoding="utf-8") as f:
+        text = f.read()
+    out = nvrtc.compile(text, source_path, plan.options, plan.names, str(log_path))
+    suffix = ".ptx" if plan.target.startswith("compute_") else ".cubin"
+    staging = store.entries / f".staging-{plan.entry_dir.name}-{uuid.uuid4().hex[:6]}"
+    staging.mkdir(mode=0o700)
+    try:
+        art = staging / (plan.stem + suffix)
+        fd = os.open(art, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(out.image)
+        st = os.stat(art)
+        kernels = {n: {"lowered": low, "params": out.params.get(low, [])} for n, low in out.lowered.items()}
+        manifest = {"schema": SCHEMA, "kind": "cubin", "name": f"cubin:{plan.stem}", "key": plan.key,
+                    "source_key": plan.key, "artifact": art.name, "size": st.st_size, "sha256": sha256_now(art),
+                    "stat": stamp_of(st), "created": time.time(), "headers": {k: v for k, v in plan.files.items()
+                                                                              if v is not None},
+                    "inputs": plan.inputs, "kernels": kernels, "build_seconds": round(out.seconds, 4)}
+        write_json_atomic(staging / MANIFEST, manifest)
+        os.close(os.open(staging / "last_used", os.O_WRONLY | os.O_CREAT, 0o600))
+        if plan.entry_dir.exists():  # another process's (then use it), or a damaged one
+            other = lookup(store, plan)
+            if other is not None:
+                shutil.rmtree(staging, ignore_errors=True)
+                return other
+            trash = store.entries / f".trash-{plan.entry_dir.name}-{uuid.uuid4().hex[:6]}"
+            os.replace(plan.entry_dir, trash)
+            shutil.rmtree(trash, ignore_errors=True)
+        try:
+            os.replace(staging, plan.entry_dir)
+        except OSError:  # a process that compiled the same key published first
+            other = lookup(store, plan)
+            if other is None:
+                raise
+            shutil.rmtree(staging, ignore_errors=True)
+            return other
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    knobs.evict_after_build(store, plan.entry_dir.name)
+    return Entry(plan.entry_dir, manifest)

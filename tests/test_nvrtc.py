@@ -1,0 +1,332 @@
+"""CUDA device code through NVRTC (kload.cuda_module): compile, cache, key, errors, swap.
+
+Without a GPU the NVRTC tests need libnvrtc, which a CUDA build of torch brings
+(`.venv-next`: `.venv-next/bin/python -m pytest -q tests/test_nvrtc.py`); in a CPU-only
+venv they are skipped and the rest still runs (the CPU-only path, the launch checks).
+The GPU tests at the end run where torch sees a CUDA device. NVRTC compiles for real.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+
+import pytest
+import torch
+
+import kload
+from kload import cudadrv
+
+from conftest import kload_cli, run_py, write
+
+
+def _has_nvrtc() -> bool:
+    try:
+        from kload import nvrtc
+
+        nvrtc.library()
+    except kload.KloadError:
+        return False
+    return True
+
+
+needs_nvrtc = pytest.mark.skipif(not _has_nvrtc(), reason="no NVRTC (a CUDA build of torch brings it)")
+needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+SAXPY = """\
+    #include "scale.cuh"
+    template <typename T>
+    __global__ void saxpy(T* out, const T* x, const T* y, float a, long long n) {
+      long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+      if (i < n) out[i] = T(SCALE * a * float(x[i]) + float(y[i]));
+    }
+    extern "C" __global__ void fill(float* out, float v, int n) {
+      int i = blockIdx.x * blockDim.x + threadIdx.x;
+      if (i < n) out[i] = v;
+    }
+"""
+
+
+HALF = '#include <cuda_fp16.h>\n#include <cuda_bf16.h>\n#define SCALE 1.0f\n'
+
+
+@pytest.fixture
+def kdir(tmp_path):
+    write(tmp_path / "scale.cuh", "#define SCALE 1.0f\n")
+    write(tmp_path / "saxpy.cu", SAXPY)
+    return tmp_path
+
+
+def module(kdir, **kw):
+    kw.setdefault("names", ["saxpy<float>", "fill"])
+    return kload.cuda_module(kdir / "saxpy.cu", reload=kw.pop("reload", False), **kw)
+
+
+# -- no NVRTC needed ------------------------------------------------------------------
+
+def test_cpu_only_path_imports_nothing_of_cuda(tmp_path):
+    src = write(tmp_path / "twice_cpu.cpp", """\
+        #include <kload/stable.h>
+        kload::Tensor twice_cpu(const kload::Tensor& x) {
+          kload::Tensor out = kload::empty_like(x), xc = kload::as_contiguous(x);
+          for (int64_t i = 0; i < x.numel(); ++i) out.mutable_data_ptr<float>()[i] = 2 * xc.const_data_ptr<float>()[i];
+          return out;
+        }
+        KLOAD_LIBRARY(m) { m.def("twice_cpu(Tensor x) -> Tensor"); }
+        KLOAD_IMPL(CPU, m) { m.impl("twice_cpu", TORCH_BOX(&twice_cpu)); }
+        """)
+    out = run_py(f"""
+        import json, sys, torch
+        before, nvrtc_before = set(sys.modules), "libnvrtc" in open("/proc/self/maps").read()  # torch's own
+        import kload
+        y = kload.load({str(src)!r}).twice_cpu(torch.ones(2)).tolist()
+        new = [m for m in set(sys.modules) - before if m in ("kload.nvrtc", "kload.cudadrv", "kload.live_cuda")
+               or m.startswith("cuda.")]
+        print(json.dumps({{"y": y, "mods": new,
+                           "nvrtc": "libnvrtc" in open("/proc/self/maps").read() and not nvrtc_before}}))
+    """, env={"KLOAD_PCH": "0"})
+    assert out == {"y": [2.0, 2.0], "mods": [], "nvrtc": False}
+
+
+@pytest.mark.parametrize("config, why", [
+    ((1, 2048), "block.x = 2048"), ((1, (32, 32, 2)), "2048 threads"), ((0, 256), "grid.x = 0"),
+    ((1, (1, 1, 65)), "block.z = 65"), ((1, 256, -1), "shared_bytes"), ((1,), "[grid, block]"),
+    ((1.5, 256), "grid must be"), ((1, 256, 0, 0), "[grid, block]")])
+def test_bad_launch_configuration_is_a_python_error(config, why):
+    with pytest.raises(kload.KloadError, match=why.replace("[", r"\[").replace("]", r"\]")):
+        cudadrv.launch_config("saxpy", config)
+
+
+def test_launch_configuration_fills_three_dimensions():
+    assert cudadrv.launch_config("k", (4, 256)) == ((4, 1, 1), (256, 1, 1), 0)
+    assert cudadrv.launch_config("k", ((2, 3), (16, 16), 4096)) == ((2, 3, 1), (16, 16, 1), 4096)
+
+
+def test_options_are_checked_at_creation(tmp_path):
+    src = write(tmp_path / "k.cu", 'extern "C" __global__ void k() {}\n')
+    with pytest.raises(kload.KloadError, match="the target is each device's own"):
+        kload.cuda_module(src, options=["-arch=sm_80"], reload=False)
+    with pytest.raises(kload.KloadError, match="names must be"):
+        kload.cuda_module(src, names=[3], reload=False)
+    with pytest.raises(kload.KloadError, match="no such kernel file"):
+        kload.cuda_module(tmp_path / "nope.cu", reload=False)
+
+
+@pytest.mark.parametrize("fast", [False, True], ids=["pack", "Packer"])
+def test_arguments_are_packed_by_the_kernels_parameters(fast):
+    import ctypes
+    import struct
+
+    x = torch.ones(3)
+    params = [["u", 8], ["f", 4], ["f", 8], ["u", 4], ["u", 8], ["u", 1], ["b", 8]]
+    packer = cudadrv.Packer("k", params) if fast else (lambda args: cudadrv.pack("k", params, args))
+    ptrs, keep = packer((x, 2.5, 3, -1, 7, True, b"12345678"))
+    sizes = [8, 4, 8, 4, 8, 1, 8]
+    raw = [ctypes.string_at(ptrs[i], n) for i, n in enumerate(sizes)]
+    assert raw == [struct.pack("Q", x.data_ptr()), struct.pack("f", 2.5), struct.pack("d", 3.0),
+                   struct.pack("i", -1), struct.pack("q", 7), b"\x01", b"12345678"]
+    for args, why in [((x,), "takes 7 arguments"), ((1.0, 2.5, 3, -1, 7, True, b"12345678"), "not a float"),
+                      ((x, x, 3, -1, 7, True, b"12345678"), "not a pointer"),
+                      ((x, 2.5, 3, 1 << 32, 7, True, b"12345678"), "does not fit"),
+                      ((x, 2.5, 3, -1, 7, True, b"1234"), "4 bytes for a 8-byte"),
+                      ((x, 2.5, 3, -1, 7, "s", b"12345678"), "tensors, floats")]:
+        with pytest.raises(kload.KloadError, match=why):
+            packer(args)
+
+
+# -- NVRTC, no GPU --------------------------------------------------------------------
+
+@needs_nvrtc
+def test_compiles_to_cubin_and_ptx_with_lowered_names_and_parameters(kdir):
+    mod = module(kdir)
+    cubin = mod.compile("sm_90")
+    assert cubin.manifest["kind"] == "cubin" and cubin.artifact.read_bytes()[:4] == b"\x7fELF"
+    k = cubin.manifest["kernels"]
+    assert k["saxpy<float>"]["lowered"] == "_Z5saxpyIfEvPT_PKS0_S3_fx" and k["fill"]["lowered"] == "fill"
+    assert k["saxpy<float>"]["params"] == [["u", 8], ["u", 8], ["u", 8], ["f", 4], ["s", 8]] or \
+        k["saxpy<float>"]["params"] == [["u", 8], ["u", 8], ["u", 8], ["f", 4], ["u", 8]]
+    assert k["fill"]["params"] == [["u", 8], ["f", 4], ["u", 4]]
+    ptx = mod.compile("compute_90")
+    assert ptx.artifact.suffix == ".ptx" and ".entry fill(" in ptx.artifact.read_text()
+    assert mod.compiles == 2 and ptx.key != cubin.key
+
+
+@needs_nvrtc
+def test_half_types_compile_as_the_gpu_tests_use_them(kdir):
+    write(kdir / "scale.cuh", HALF)
+    entry = module(kdir, names=["saxpy<__half>", "saxpy<__nv_bfloat16>"]).compile("sm_90")
+    assert entry.manifest["kernels"]["saxpy<__half>"]["params"][3] == ["f", 4]
+
+
+@needs_nvrtc
+def test_the_example_compiles():
+    from conftest import EXAMPLES
+
+    names = ["saxpy<float>", "saxpy<__half>", "saxpy<__nv_bfloat16>"]
+    entry = kload.cuda_module(EXAMPLES / "saxpy.cu", names=names, reload=False).compile("sm_90")
+    assert sorted(entry.manifest["kernels"]) == sorted(names)
+
+
+@needs_nvrtc
+def test_a_fresh_process_hits_with_zero_nvrtc_compiles(kdir):
+    entry = module(kdir).compile("sm_90")
+    out = run_py(f"""
+        import json, kload
+        from kload import nvrtc
+        mod = kload.cuda_module({str(kdir / "saxpy.cu")!r}, names=["saxpy<float>", "fill"], reload=False)
+        print(json.dumps({{"path": str(mod.compile("sm_90").path), "compiles": nvrtc.COMPILES}}))
+    """)
+    assert out == {"path": str(entry.path), "compiles": 0}
+
+
+@needs_nvrtc
+def test_header_edit_makes_a_new_entry_and_revert_finds_the_old(kdir):
+    from kload import nvrtc
+
+    mod = module(kdir)
+    first = mod.compile("sm_90")
+    write(kdir / "scale.cuh", "#define SCALE 3.0f\n")
+    assert mod.reload() is True
+    second = mod.compile("sm_90")
+    assert second.key != first.key and second.path != first.path
+    before = nvrtc.COMPILES
+    write(kdir / "scale.cuh", "#define SCALE 1.0f\n")
+    assert mod.reload() is True
+    assert mod.compile("sm_90").path == first.path and nvrtc.COMPILES == before  # a hit, no compile
+    img = mod.image("sm_90")
+    (kdir / "scale.cuh").write_text((kdir / "scale.cuh").read_text())  # saved, unchanged
+    assert mod.reload() is False and mod.image("sm_90") is img  # the loaded image stays
+
+
+@needs_nvrtc
+def test_syntax_error_gives_file_line_col_of_the_kernel_file(kdir):
+    write(kdir / "bad.cu", """\
+        extern "C" __global__ void fill(float* out, float v, int n) {
+          int i = blockIdx.x * blockDim.x + threadIdx.x;
+          if (i < n) out[i] = v +;
+        }
+        """)
+    with pytest.raises(kload.CompileError) as e:
+        kload.cuda_module(kdir / "bad.cu", names=["fill"], reload=False).compile("sm_90")
+    text = str(e.value)
+    assert f"{kdir / 'bad.cu'}:3:26: error: expected an expression" in text, text
+    assert "if (i < n) out[i] = v +;" in text and "full log:" in text
+    assert os.path.isfile(e.value.log_path)
+    # an error in an included header names the header; an unknown kernel says so
+    write(kdir / "scale.cuh", "#define SCALE 1.0f\nstatic __device__ float broken = ;\n")
+    with pytest.raises(kload.CompileError, match=r"scale\.cuh:2:\d+: error"):
+        module(kdir).compile("sm_90")
+    write(kdir / "scale.cuh", "#define SCALE 1.0f\n")
+    with pytest.raises(kload.CompileError, match=r"no __global__ function here matches 'nope<float>'"):
+        module(kdir, names=["nope<float>"]).compile("sm_90")
+
+
+@needs_nvrtc
+def test_a_failed_edit_keeps_the_last_good_kernels(kdir, caplog):
+    mod = module(kdir)
+    good = mod.compile("sm_90")
+    text = (kdir / "saxpy.cu").read_text()
+    (kdir / "saxpy.cu").write_text(text.replace("if (i < n) out[i] = v;", "if (i < n) out[i] = v +;"))
+    with caplog.at_level(logging.WARNING, logger="kload"):
+        assert mod.reload() is False
+        assert mod.reload() is False
+    assert mod.compile("sm_90").path == good.path
+    said = [r for r in caplog.records if "keep serving" in r.getMessage()]
+    assert len(said) == 1 and "saxpy.cu:9:" in said[0].getMessage()
+    (kdir / "saxpy.cu").write_text(text.replace("out[i] = v;", "out[i] = 2 * v;"))
+    assert mod.reload() is True and mod.compile("sm_90").path != good.path
+
+
+@needs_nvrtc
+def test_a_new_kernel_name_compiles_once_more(kdir):
+    mod = module(kdir, names=["fill"])
+    first = mod.compile("sm_90")
+    img = mod._need("saxpy<double>", "sm_90")  # what a first launch of mod["saxpy<double>"] does
+    assert set(img.kernels) == {"fill", "saxpy<double>"} and img.entry.path != first.path
+    with pytest.raises(kload.CompileError):
+        mod._need("saxpy<not_a_type>", "sm_90")
+    assert set(mod.image("sm_90").kernels) == {"fill", "saxpy<double>"}
+
+
+@needs_nvrtc
+def test_save_marks_the_module_stale(kdir):
+    mod = module(kdir, reload=True)
+    first = mod.compile("sm_90")
+    write(kdir / "scale.cuh", "#define SCALE 2.0f\n")  # a header: watched after the first compile
+    deadline = time.monotonic() + 10
+    while not mod._stale and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert mod.compile("sm_90").path != first.path
+
+
+@needs_nvrtc
+def test_entries_are_listed_and_verified_like_the_others(kdir):
+    entry = module(kdir).compile("sm_90")
+    listed = kload_cli("cache", "list")
+    row = [line for line in listed.stdout.splitlines() if entry.key[:16] in line]
+    assert listed.returncode == 0 and len(row) == 1 and row[0].split()[:2] == ["cubin:saxpy", "cubin"], listed.stdout
+    assert "NVRTC libnvrtc.so" in row[0]
+    verify = kload_cli("cache", "verify")
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+
+
+# -- on a GPU ---------------------------------------------------------------------------
+
+def _op(mod, opname: str):
+    """A dispatcher op whose CUDA kernel is the NVRTC-built saxpy (what the README shows)."""
+    @torch.library.custom_op(f"kload_nvrtc_test::{opname}", mutates_args=())
+    def saxpy(x: torch.Tensor, y: torch.Tensor, a: float) -> torch.Tensor:
+        out = torch.empty_like(y)
+        n = out.numel()
+        name = {torch.float32: "saxpy<float>", torch.float16: "saxpy<__half>",
+                torch.bfloat16: "saxpy<__nv_bfloat16>"}[x.dtype]
+        mod[name][max(1, (n + 255) // 256), 256](out, x.contiguous(), y.contiguous(), a, n)
+        return out
+
+    saxpy.register_fake(lambda x, y, a: torch.empty_like(y))
+    return getattr(torch.ops.kload_nvrtc_test, opname)
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_results_match_torch(kdir, dtype):
+    write(kdir / "scale.cuh", HALF)
+    op = _op(module(kdir), f"saxpy_{str(dtype)[6:]}")
+    for n in (1, 17, 989, 1 << 20):
+        x, y = torch.randn(n, device="cuda", dtype=dtype), torch.randn(n, device="cuda", dtype=dtype)
+        tol = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}[dtype]
+        torch.testing.assert_close(op(x, y, 2.0), (2.0 * x.float() + y.float()).to(dtype), rtol=tol, atol=tol)
+
+
+@needs_gpu
+def test_an_edit_swaps_the_kernel_under_the_same_op_name(kdir):
+    mod = module(kdir)
+    op = _op(mod, "saxpy_swap")
+    x = torch.ones(1000, device="cuda")
+    assert op(x, x, 1.0).tolist() == [2.0] * 1000
+    write(kdir / "scale.cuh", "#define SCALE 3.0f\n")
+    assert mod.reload() is True
+    assert op(x, x, 1.0).tolist() == [4.0] * 1000  # same torch.ops name, the new kernel
+
+
+@needs_gpu
+def test_bad_launches_are_python_errors(kdir):
+    mod = module(kdir)
+    x = torch.ones(4, device="cuda")
+    with pytest.raises(kload.KloadError, match="2048 threads"):
+        mod.fill[1, 2048](x, 1.0, 4)
+    with pytest.raises(kload.KloadError, match="shared memory|CUDA_ERROR"):
+        mod.fill[1, 32, 1 << 24](x, 1.0, 4)  # 16 MiB of shared memory: the driver refuses
+    with pytest.raises(kload.KloadError, match="one CUDA device"):
+        mod.fill[1, 32](torch.ones(4), 1.0, 4)
+    mod.fill[1, 32](x, 5.0, 4)
+    assert x.tolist() == [5.0] * 4  # the module still works after the refusals
+
+
+@needs_gpu
+def test_opcheck_and_torch_compile(kdir):
+    op = _op(module(kdir), "saxpy_check")
+    x, y = torch.randn(33, device="cuda"), torch.randn(33, device="cuda")
+    torch.library.opcheck(op, (x, y, 2.0))
+    compiled = torch.compile(lambda a, b: op(a, b, 2.0) * 2, fullgraph=True)
+    torch.testing.assert_close(compiled(x, y), (2 * x + y) * 2)
