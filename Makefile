@@ -14,37 +14,60 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(PY) -m pip install -q -e ".[test]" "$(TORCH)"   # the pin again: no test dependency may swap torch
 	touch $@
 
-# the second torch release, for the upgrade check: a CUDA build (~5.5 GB) that runs on the CPU
-VENV_NEXT  ?= .venv-next
+# the second torch release, for the upgrade check: a CUDA build (~5.5 GB) that runs on the CPU.
+# Kept outside the clone and reused by every later run on this machine (installing it takes
+# 3-5 minutes); each run points it at this clone's kload (pip -e, seconds).
 TORCH_NEXT ?= torch==2.14.1
+VENV_NEXT  ?= $(HOME)/.cache/kload-dev/venv-$(subst ==,-,$(TORCH_NEXT))
+NEXT_PY    := $(VENV_NEXT)/bin/python
 
-$(VENV_NEXT)/.installed: pyproject.toml Makefile
+$(VENV_NEXT)/.installed:
 	$(PYTHON) -m venv $(VENV_NEXT)
-	$(VENV_NEXT)/bin/python -m pip install -q --upgrade pip
-	$(VENV_NEXT)/bin/python -m pip install -q "$(TORCH_NEXT)" numpy
-	$(VENV_NEXT)/bin/python -m pip install -q -e .
+	$(NEXT_PY) -m pip install -q --upgrade pip
+	$(NEXT_PY) -m pip install -q "$(TORCH_NEXT)" numpy pytest
 	touch $@
 
-.PHONY: install demo test bench upgrade-check
+.PHONY: install demo tools test test-quick pytest next-venv bench upgrade-check
 install: $(VENV)/.installed
+
+# this clone's kload in the second venv (every run: the venv may have served another clone)
+next-venv: $(VENV_NEXT)/.installed
+	$(NEXT_PY) -m pip install -q --no-deps --no-build-isolation -e .
 
 demo: $(VENV)/.installed
 	$(PY) examples/demo.py
 
 # Debian's ccache (the compiler-launcher test), clangd (the `kload ide` test) and redis-server
 # (the remote-cache tests start their own, on loopback): installed when missing and we are root
-test: $(VENV)/.installed
+tools:
 	@for tool in ccache clangd redis-server; do command -v $$tool >/dev/null || { [ "$$(id -u)" = 0 ] && \
 	  command -v apt-get >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$tool >/dev/null; } || \
 	  echo "note: $$tool is not installed; its test will be skipped"; done
-	$(PY) -m pytest -q tests
-	$(MAKE) upgrade-check
 
-# one cache, two torch releases (tests/upgrade_check.py), then the .cu of every binding
-# style built and loaded under the CUDA build of torch (tests/cuda_check.py)
-upgrade-check: $(VENV)/.installed $(VENV_NEXT)/.installed
-	$(PY) tests/upgrade_check.py $(PY) $(VENV_NEXT)/bin/python
-	KLOAD_CACHE_DIR=$$(mktemp -d) $(VENV_NEXT)/bin/python tests/cuda_check.py
+# the whole suite (what .ci/run runs): pytest while the second venv installs beside it, then
+# `make upgrade-check`; at the end, the wall time and the five slowest tests
+test: $(VENV)/.installed tools
+	@date +%s > .test-started
+	$(MAKE) -j2 pytest next-venv
+	$(MAKE) upgrade-check
+	@echo "make test: passed in $$(( $$(date +%s) - $$(cat .test-started) )) s; the five slowest tests:"
+	@cat .test-slowest
+	@rm -f .test-started
+
+pytest: $(VENV)/.installed
+	KLOAD_SLOWEST_FILE=.test-slowest $(PY) -m pytest -q tests --durations=25 --durations-min=5
+
+# the quick part, to run while working (under 5 minutes): no test marked slow (docs/testing.md)
+test-quick: $(VENV)/.installed
+	$(PY) -m pytest -q tests -m "not slow" --durations=10
+
+# one cache, two torch releases (tests/upgrade_check.py); the .cu of every binding style built
+# and loaded under the CUDA build of torch (tests/cuda_check.py); NVRTC's tests, where NVRTC is
+upgrade-check: $(VENV)/.installed next-venv
+	$(PY) tests/upgrade_check.py $(PY) $(NEXT_PY)
+	KLOAD_CACHE_DIR=$$(mktemp -d) $(NEXT_PY) tests/cuda_check.py
+	$(NEXT_PY) -c "import pytest" 2>/dev/null || $(NEXT_PY) -m pip install -q pytest
+	KLOAD_CACHE_DIR=$$(mktemp -d) $(NEXT_PY) -m pytest -q -p no:cacheprovider tests/test_nvrtc.py
 
 # the benchmarks; the bench extra brings matplotlib (the kernels' chart) and the peers live.py runs
 bench: $(VENV)/.installed

@@ -70,8 +70,9 @@ def main() -> None:
         shutil.copy(CPP, d / CPP.name)
         shutil.copy(CU, d / CU.name)
         # torch's loader guesses CUDA_HOME from nvcc's folder (/usr/local for /usr/local/bin/nvcc): tell it
+        # TORCH_NO_COMPILER_WRAPPER: recent torch puts a ccache found on PATH in front of the compilers
         env = {"KLOAD_CACHE_DIR": str(d / "cache"), "TORCH_CUDA_ARCH_LIST": ARCHS, "MAX_JOBS": "2",
-               "CUDA_HOME": find_cuda_home(),
+               "CUDA_HOME": find_cuda_home(), "TORCH_NO_COMPILER_WRAPPER": "1",
                "KLOAD_LEAN_CUDA": "0" if side == "kload full header" else "1"}
         code = (TORCH if side == "torch" else KLOAD).format(
             cpp=str(d / CPP.name), cu=str(d / CU.name), ws=str(d / "ws"), checks=CHECKS,

@@ -26,8 +26,11 @@ def cache_root() -> str:
     explicit = os.environ.get("KLOAD_CACHE_DIR")
     if explicit:
         return os.path.abspath(os.path.expanduser(explicit))
-    from platformdirs import user_cache_dir  # the XDG rules, done right
-
+    try:
+        from platformdirs import user_cache_dir  # the XDG rules, done right
+    except ImportError:  # a bare image (a GPU box without a registry): the same rule on Linux
+        base = os.environ.get("XDG_CACHE_HOME", "").strip() or os.path.join(os.path.expanduser("~"), ".cache")
+        return os.path.abspath(os.path.join(base, "kload"))
     return os.path.abspath(user_cache_dir("kload", appauthor=False))
 
 
@@ -190,6 +193,12 @@ def remote_wait() -> float:
     """``KLOAD_REMOTE_CACHE_WAIT`` (default 15m): how long to wait for another node's build
     of the same key before building here."""
     return _seconds("KLOAD_REMOTE_CACHE_WAIT", "15m") or 0.0
+
+
+def remote_lease() -> float:
+    """``KLOAD_REMOTE_CACHE_LEASE`` (default 30s): a build lease whose holder died expires
+    after this (the holder renews it every third of it)."""
+    return max(_seconds("KLOAD_REMOTE_CACHE_LEASE", "30s") or 30.0, 1.0)
 
 
 def remote_chunk() -> int:

@@ -48,7 +48,8 @@ def not_applicable(plan_: Plan) -> str | None:
     if not knobs.pch():
         return "KLOAD_PCH=0"
     if not toolchain.is_gcc(plan_.inputs["cxx"]):
-        return f"the compiler ({plan_.inputs['cxx']['path']}) is not GCC"
+        return (f"the compiler {plan_.inputs['cxx']['path']} is not GCC (its macros say "
+                f"{plan_.inputs['cxx'].get('family', 'other')})")
     for f in plan_.opts.cflags:
         if f in _NO_PCH_FLAGS or f.startswith(_NO_PCH_PREFIXES):
             return f"the flag {f} rules it out"
@@ -197,6 +198,8 @@ class Use:
         return {p for h in self.used for p in self.ready[h].manifest.get("headers", {})}
 
     def summary(self) -> str:
+        if self.why_not and self.why_not != "KLOAD_PCH=0" and any(self._firsts.values()):
+            return f" (no precompiled header: {self.why_not})"  # kload gave it up: the build line says why
         if self.used:
             return " (precompiled " + ", ".join(f"<{h}>" for h in sorted(self.used)) + ")"
         missing = sorted({h for h in self._firsts.values() if h} - set(self.ready)) if self.plans else []

@@ -293,10 +293,13 @@ def start(pp: PchPlan, store: Store) -> bool:
     return True
 
 
-def wait(timeout: float | None = None) -> bool:
-    """Wait for the background builds this process started; True if all ended."""
+def wait(timeout: float | None = None, root: str | os.PathLike | None = None) -> bool:
+    """Wait for the background builds this process started (for the cache at ``root``
+    only, when given); True if all ended."""
     deadline = None if timeout is None else time.monotonic() + timeout
-    for p in list(_started.values()):
+    for (where, _), p in list(_started.items()):
+        if root is not None and where != str(root):
+            continue
         try:
             p.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:

@@ -37,10 +37,15 @@ from .progress import say
 
 log = logging.getLogger("kload")
 
-LEASE_MS = 30_000     # a lease whose holder died expires after this; its holder renews it every third
 POLL = 0.25           # seconds between looks while another node builds
 SAY_EVERY = 15.0      # seconds between "waiting for ..." lines
 RETRY_AFTER = 300.0   # seconds a process leaves a faulty server alone after its one warning
+
+def _lease_ms() -> int:
+    """A lease whose holder died expires after this (KLOAD_REMOTE_CACHE_LEASE, 30 s); its
+    holder renews it every third of it."""
+    return int(knobs.remote_lease() * 1000)
+
 
 _remotes: dict[tuple, Remote] = {}
 _down_until: dict[tuple, float] = {}
@@ -128,9 +133,9 @@ class Lease:
         self._thread.start()
 
     def _renew(self) -> None:
-        while not self._stop.wait(LEASE_MS / 3000):
+        while not self._stop.wait(_lease_ms() / 3000):
             try:
-                if not self.r.renew_lease(self.skey, self.holder, LEASE_MS):
+                if not self.r.renew_lease(self.skey, self.holder, _lease_ms()):
                     log.warning("kload: the build lease of %s expired; another node may build it too", self.holder)
                     return
             except Exception as e:  # noqa: BLE001
@@ -142,7 +147,7 @@ class Lease:
         self._stop.set()
         self._thread.join()
         # each step best effort: a failed upload (e.g. the server is full) still marks the build
-        # failed, so waiters do not wait for it; an unreleased lease expires within LEASE_MS
+        # failed, so waiters do not wait for it; an unreleased lease expires within the lease time
         uploaded = entry is not None and self._quietly(upload, self.r, entry)
         if uploaded:
             self._quietly(self.r.clear_failed, self.skey)
@@ -178,7 +183,7 @@ def fetch_or_lease(r: Remote, plan_, store: Store) -> tuple[Entry | None, Lease 
         if waited is not None and r.failed(skey) == waited:  # the build it waited for failed (not an older one)
             log.warning("kload: %s failed; building %s here", waited, name)
             return None, None
-        if r.take_lease(skey, mine, LEASE_MS):
+        if r.take_lease(skey, mine, _lease_ms()):
             entry = fetch(r, plan_, store)  # the holder may have uploaded and released in between
             if entry is not None:
                 r.release_lease(skey, mine)

@@ -11,6 +11,8 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 
 from kload import kernels  # noqa: E402
 
+from conftest import raises_in_fresh_process  # noqa: E402
+
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
 TOL = {torch.float32: 1e-4, torch.float64: 1e-10, torch.float16: 2e-2, torch.bfloat16: 8e-2}
 
@@ -76,11 +78,23 @@ def test_empty_and_non_contiguous_cuda():
     torch.testing.assert_close(kernels.vector_add(a, a), a + a)
 
 
+# Error paths run in a fresh process each (a forked child cannot use CUDA): a crash, as every
+# stable-ABI error was on the first GPU image, fails the one check. SETUP makes the inputs.
+SETUP = "import torch\nfrom kload import kernels\n"
+
+
 def test_other_dtypes_are_rejected():
-    i = torch.ones(3, device="cuda", dtype=torch.int32)
-    with pytest.raises(RuntimeError, match=r"vector_add \(CUDA\): expected float32, float64, float16 or bfloat16, "
-                                           "got Int"):
-        kernels.vector_add(i, i)
+    raises_in_fresh_process(SETUP + "i = torch.ones(3, device='cuda', dtype=torch.int32)\nkernels.vector_add(i, i)",
+                            RuntimeError, r"vector_add \(CUDA\): expected float32, float64, float16 or bfloat16, got Int")
+    for call, message in [
+        ("kernels.vector_add(torch.ones(3, device='cuda'), torch.ones(4, device='cuda'))", r"same shape"),
+        ("kernels.matmul(torch.ones(2, 3, device='cuda'), torch.ones(4, 5, device='cuda'))", "inner dimensions"),
+        ("kernels.conv2d(torch.ones(1, 3, 5, 5, device='cuda'), torch.ones(1, 2, 3, 3, device='cuda'))",
+         "3 channels but w expects 2"),
+        ("kernels.bias_gelu(torch.ones(2, 3, device='cuda', dtype=torch.int32), torch.ones(3, device='cuda'))",
+         "dtype|Int"),
+    ]:
+        raises_in_fresh_process(SETUP + call, RuntimeError, message)
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
@@ -109,10 +123,10 @@ def test_gradcheck_and_opcheck_cuda(name):
 
 
 def test_mixed_devices_are_rejected():
-    with pytest.raises(RuntimeError, match="same device|CUDA tensor"):
-        kernels.vector_add(torch.ones(3, device="cuda"), torch.ones(3))
-    with pytest.raises(RuntimeError, match="same device|CUDA tensor"):
-        kernels.matmul(torch.ones(2, 2, device="cuda"), torch.ones(2, 2))
+    raises_in_fresh_process(SETUP + "kernels.vector_add(torch.ones(3, device='cuda'), torch.ones(3))",
+                            RuntimeError, "same device|CUDA tensor")
+    raises_in_fresh_process(SETUP + "kernels.matmul(torch.ones(2, 2, device='cuda'), torch.ones(2, 2))",
+                            RuntimeError, "same device|CUDA tensor")
 
 
 def test_runs_on_the_current_stream():
@@ -167,13 +181,12 @@ def test_vector_add_simple_kernels_agree(simple_kernels):
     torch.testing.assert_close(kernels.vector_add(a, b), a + b, rtol=0, atol=0)
 
 
-def test_kernels_impl_rejects_an_unknown_value(monkeypatch):
-    monkeypatch.setenv("KLOAD_KERNELS_IMPL", "fastest")
-    a = torch.ones(3, device="cuda")
-    with pytest.raises(RuntimeError, match="KLOAD_KERNELS_IMPL must be"):
-        kernels.vector_add(a, a)
-    with pytest.raises(RuntimeError, match="KLOAD_KERNELS_IMPL must be"):
-        kernels.matmul(a.view(3, 1), a.view(1, 3))
+def test_kernels_impl_rejects_an_unknown_value():
+    env = {"KLOAD_KERNELS_IMPL": "fastest"}
+    raises_in_fresh_process(SETUP + "a = torch.ones(3, device='cuda')\nkernels.vector_add(a, a)", RuntimeError,
+                            "KLOAD_KERNELS_IMPL must be", env)
+    raises_in_fresh_process(SETUP + "a = torch.ones(3, device='cuda')\nkernels.matmul(a.view(3, 1), a.view(1, 3))",
+                            RuntimeError, "KLOAD_KERNELS_IMPL must be", env)
 
 
 MM_SHAPES = [(1, 1, 1), (17, 989, 33), (128, 128, 128), (256, 512, 384), (129, 4099, 257), (300, 40, 8), (5, 0, 7)]

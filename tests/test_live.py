@@ -41,22 +41,29 @@ RELOAD_SCRIPT = """
     from pathlib import Path
     d = Path({d!r})
     ops = kload.load(d / "scale.cpp", reload=True)
+
+    def wait_stale(h, timeout=60):  # the watcher thread saw the save (an inotify event), not a fixed sleep
+        deadline = time.monotonic() + timeout
+        while not h.__dict__["_stale"]:
+            assert time.monotonic() < deadline, "the watcher never saw the edit"
+            time.sleep(0.01)
+
     x = torch.ones(2)
     seen = [ops.scale(x).tolist()]
     fn_before = ops.scale
     same_op = ops.scale is getattr(torch.ops, ops.namespace).scale   # no wrapper on the call path
     (d / "factor.h").write_text("#define FACTOR 3.0\\n")              # a header edit
-    time.sleep(0.5)
+    wait_stale(ops)
     seen.append(ops.scale(x).tolist())
     (d / "factor.h").write_text("#define FACTOR oops(\\n")            # a broken edit
-    time.sleep(0.5)
+    wait_stale(ops)
     seen.append(ops.scale(x).tolist())                                # the last good build serves
     seen.append(ops.scale(x).tolist())
     (d / "factor.h").write_text("#define FACTOR 5.0\\n")              # fixed
-    time.sleep(0.5)
+    wait_stale(ops)
     seen.append(ops.scale(x).tolist())
     (d / "scale.cpp").write_text((d / "scale.cpp").read_text().replace("x.mul(FACTOR)", "x.mul(FACTOR).add(1)"))
-    time.sleep(0.5)
+    wait_stale(ops)
     seen.append(ops.scale(x).tolist())
     print(json.dumps({{"seen": seen, "same_op": same_op, "old_fn_still_works": fn_before(x).tolist()}}))
 """

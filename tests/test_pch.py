@@ -98,7 +98,7 @@ def test_precompiled_header_lifecycle(tmp_path, monkeypatch, caplog):
         return note
 
     assert build("cold", ["-O1"]).startswith("no precompiled <kload/kernel.h> yet")
-    assert precompile.wait(600)
+    assert precompile.wait(600, root=tmp_path / "cache")
     [entry] = pch_entries(cache)
     gch = Path(entry["path"]) / "kload" / "kernel.h.gch"
     assert gch.stat().st_size > 50_000_000
@@ -117,7 +117,7 @@ def test_precompiled_header_lifecycle(tmp_path, monkeypatch, caplog):
     assert build("warm", ["-O1"], offset=2, src=source(tmp_path / "a", offset=2)).startswith("no precompiled")
     assert "the precompiled <kload/kernel.h> was unusable" in caplog.text
     assert any((cache / "quarantine").iterdir())
-    assert precompile.wait(600)
+    assert precompile.wait(600, root=tmp_path / "cache")
     assert build("warm", ["-O1"], offset=3, src=source(tmp_path / "a", offset=3)).startswith("used the precompiled")
 
     # a flag GCC checks (-g) makes a new key; plant the -O1 entry there, as if it were
@@ -137,7 +137,7 @@ def test_precompiled_header_lifecycle(tmp_path, monkeypatch, caplog):
     (pp.path / MANIFEST).write_text(json.dumps(m))
     note = build("debugged", ["-O1", "-g"], offset=3)  # full.cpp holds the last edit
     assert "was not used: GCC refused it" in note and "building a new one" in note
-    assert precompile.wait(600)
+    assert precompile.wait(600, root=tmp_path / "cache")
     assert build("debugged", ["-O1", "-g"], offset=4, src=source(tmp_path / "a", offset=4)).startswith(
         "used the precompiled")
     assert len(pch_entries(cache)) == 2  # one per flag set
@@ -153,7 +153,7 @@ def test_gcc_says_why_it_cannot_use_one(tmp_path, monkeypatch, capfd):
     monkeypatch.setenv("KLOAD_CACHE_DIR", str(tmp_path / "cache"))
     a = torch.ones(3)
     kload.load(source(tmp_path), name="first", reload=False).load()
-    assert precompile.wait(600)
+    assert precompile.wait(600, root=tmp_path / "cache")
     define_first = write(tmp_path / "define_first.cpp", "#define CHECK_INPUT(x) (void)0\n"
                          + FULL_API.replace("OFFSET", "0"))
     capfd.readouterr()
@@ -175,7 +175,7 @@ def test_extension_h_is_precompiled_for_classic_sources(tmp_path, monkeypatch):
     h = kload.load(src, reload=False)
     assert h.twice(torch.ones(2)).tolist() == [2.0, 2.0]
     assert h._entry.manifest["pch"]["twice.cpp"].startswith("no precompiled <torch/extension.h> yet")
-    assert precompile.wait(900)
+    assert precompile.wait(900, root=tmp_path / "cache")
     write(src, code % 3)
     h = kload.load(src, reload=False)
     assert h.twice(torch.ones(2)).tolist() == [3.0, 3.0]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import textwrap
+import time
 
 import pytest
 import torch
@@ -247,11 +248,13 @@ def test_a_fresh_process_loads_it_from_the_hit_record(sadd):
         h = kload.load({str(src)!r}, reload=False)
         a = torch.ones(3)
         print(json.dumps({{"ok": torch.equal(h.sadd(a, a), a * 2), "how": HISTORY[-1]["how"],
-                          "ns": h.namespace}}))
-        """
-    for _ in range(2):  # the first may write the hit record, the second surely reads it
-        out = run_py(code)
-    assert out["ok"] and out["how"] == "cache" and out["ns"] == h.namespace
+                          "ns": h.namespace, "full": "kload.plan" in sys.modules}}))
+        """.replace("import json,", "import json, sys,")
+    time.sleep(2.2)  # past the hit record's racy window (RACY_NS) for the source as built
+    out = run_py(code)  # the full lookup (a hit) writes the record, unless an earlier test did
+    out = run_py(code)
+    # the hit record served: the full lookup's modules (plan.py and what it imports) never loaded
+    assert out["ok"] and out["how"] == "cache" and out["ns"] == h.namespace and not out["full"], out
 
 
 def test_a_compiled_graph_holding_the_op_runs_the_new_kernel(tmp_path):

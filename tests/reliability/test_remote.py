@@ -43,7 +43,9 @@ SM = """\
 """
 RIGHT = [1.0, 4.0, 7.0]  # sm(arange(3))
 PREFIX = "kload:1:"
-LEASE_S = 30  # kload.remote.LEASE_MS: a lease whose holder died expires after this
+# KLOAD_REMOTE_CACHE_LEASE for every node here (30 s by default): a lease whose holder died
+# expires after this; its holder renews it every third. Short, so that no test sleeps out 30 s windows.
+LEASE_S = 6
 
 
 def free_port() -> int:
@@ -120,7 +122,8 @@ CHILD = """\
 
 
 def node_env(cache: Path, url: str | None, cxx, **extra) -> dict:
-    env = dict(os.environ, KLOAD_CACHE_DIR=str(cache), CXX=str(cxx[0]), KLOAD_VERBOSE="0")
+    env = dict(os.environ, KLOAD_CACHE_DIR=str(cache), CXX=str(cxx[0]), KLOAD_VERBOSE="0",
+               KLOAD_REMOTE_CACHE_LEASE=f"{LEASE_S}s")
     env.pop("KLOAD_REMOTE_CACHE_KEY", None)
     if url:
         env["KLOAD_REMOTE_CACHE"] = url
@@ -300,7 +303,7 @@ def holder_and_waiter(tmp_path, server, src, cxx, slow_a: float, code: str = CHI
 
 
 def test_server_killed_mid_build_both_nodes_finish_locally_with_one_warning(tmp_path, server, src, cxx):
-    a, b, a_err, b_err = holder_and_waiter(tmp_path, server, src, cxx, slow_a=15)
+    a, b, a_err, b_err = holder_and_waiter(tmp_path, server, src, cxx, slow_a=10)
     server.kill()
     (out_a, err_a), (out_b, err_b) = finish(a, a_err), finish(b, b_err)
     assert out_a == out_b == RIGHT
@@ -321,14 +324,14 @@ def test_a_build_longer_than_the_lease_keeps_it_renewed_and_the_waiter_downloads
 
 def test_waiting_is_bounded_by_KLOAD_REMOTE_CACHE_WAIT(tmp_path, server, src, cxx):
     a_err, b_err = tmp_path / "a.err", tmp_path / "b.err"
-    a = start(src, node_env(tmp_path / "a", server.url, cxx, SLOW_CXX=30), a_err)
+    a = start(src, node_env(tmp_path / "a", server.url, cxx, SLOW_CXX=20), a_err)
     deadline = time.monotonic() + 120
     while not server.client.keys(PREFIX + "lease:*"):
         assert time.monotonic() < deadline and a.poll() is None, a_err.read_text()
         time.sleep(0.1)
     out_b, err_b = finish(start(src, node_env(tmp_path / "b", server.url, cxx, KLOAD_REMOTE_CACHE_WAIT="2s"), b_err),
                           b_err)
-    assert out_b == RIGHT and a.poll() is None  # b is done while a still compiles (30 s): it waited 2 s only
+    assert out_b == RIGHT and a.poll() is None  # b is done while a still compiles (20 s): it waited 2 s only
     assert "KLOAD_REMOTE_CACHE_WAIT" in err_b and "building sm here" in err_b and "kload: built sm" in err_b
     assert finish(a, a_err)[0] == RIGHT
     assert compiles(cxx[1]) == 2
