@@ -21,18 +21,20 @@ TORCH_NEXT ?= torch==2.14.1
 VENV_NEXT  ?= $(HOME)/.cache/kload-dev/venv-$(subst ==,-,$(TORCH_NEXT))
 NEXT_PY    := $(VENV_NEXT)/bin/python
 
+# (under a lock: two runs on one machine make it once)
 $(VENV_NEXT)/.installed:
-	$(PYTHON) -m venv $(VENV_NEXT)
-	$(NEXT_PY) -m pip install -q --upgrade pip
-	$(NEXT_PY) -m pip install -q "$(TORCH_NEXT)" numpy pytest
-	touch $@
+	mkdir -p $(dir $(VENV_NEXT))
+	flock $(VENV_NEXT).lock sh -c '[ -f $@ ] || { $(PYTHON) -m venv $(VENV_NEXT) && \
+	  $(NEXT_PY) -m pip install -q --upgrade pip && $(NEXT_PY) -m pip install -q "$(TORCH_NEXT)" numpy pytest && \
+	  touch $@; }'
+
 
 .PHONY: install demo tools test test-quick pytest next-venv bench upgrade-check
 install: $(VENV)/.installed
 
-# this clone's kload in the second venv (every run: the venv may have served another clone)
+# this clone's kload, with its dependencies, in the second venv (every run: it may have served another clone)
 next-venv: $(VENV_NEXT)/.installed
-	$(NEXT_PY) -m pip install -q --no-deps --no-build-isolation -e .
+	flock $(VENV_NEXT).lock $(NEXT_PY) -m pip install -q -e .
 
 demo: $(VENV)/.installed
 	$(PY) examples/demo.py
@@ -66,7 +68,6 @@ test-quick: $(VENV)/.installed
 upgrade-check: $(VENV)/.installed next-venv
 	$(PY) tests/upgrade_check.py $(PY) $(NEXT_PY)
 	KLOAD_CACHE_DIR=$$(mktemp -d) $(NEXT_PY) tests/cuda_check.py
-	$(NEXT_PY) -c "import pytest" 2>/dev/null || $(NEXT_PY) -m pip install -q pytest
 	KLOAD_CACHE_DIR=$$(mktemp -d) $(NEXT_PY) -m pytest -q -p no:cacheprovider tests/test_nvrtc.py
 
 # the benchmarks; the bench extra brings matplotlib (the kernels' chart) and the peers live.py runs

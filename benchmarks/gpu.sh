@@ -35,7 +35,7 @@ print(' '.join(m for m in ('ninja', 'filelock', 'tqdm', 'pytest', 'hypothesis', 
                            'watchdog', 'matplotlib') if u.find_spec(m) is None))")
 [ -n "$MISSING" ] && echo "gpu.sh: not installed here (carry wheels to use them): $MISSING"
 
-install() { $PY -m pip install -q --no-deps --no-build-isolation --no-index -e . 2>&1 | tail -2
+install() { $PY -m pip install -q --no-deps --no-build-isolation --no-index -e . || return 1
             (cd /tmp && $PY -c "import kload, torch; print('kload', kload.__version__, 'torch', torch.__version__,
                 'cuda', torch.version.cuda, torch.cuda.get_device_name() if torch.cuda.is_available() else 'NO GPU')
 assert torch.cuda.is_available()"); }

@@ -2,7 +2,7 @@
 <torch/extension.h> + ATen/cuda/CUDAContext.h, bindings in the .cpp), edited and
 rebuilt, in one run, sides alternating:
 
-    .venv-next/bin/python benchmarks/tutorial_cuda.py [--repeat N]
+    PYTHON benchmarks/tutorial_cuda.py [--repeat N]     (a CUDA build of torch: make upgrade-check's venv)
 
 - torch: torch.utils.cpp_extension.load (torch's whole <torch/extension.h>, the
   same architectures kload picks), the baseline kload had until now;

@@ -117,26 +117,37 @@ def compile_plan(plan_: Plan, store: Store) -> tuple[Entry, float]:
         try:
             return _compile_locked(plan_, store)
         except CompileError as e:
-            if not _fast_link_failed(plan_, e):
+            if not _fast_link_failed(plan_, store, e):
                 raise
-            # gold passed the toolchain probe but failed this link: once more without it,
-            # before any error is shown, and never with gold again for this toolchain
-            from .plan import plan as make_plan
+            # gold passed the toolchain probe but failed this link: once more without it
+            # (ninja relinks only: the linker is not in the key), before any error is shown,
+            # and never with gold again for this toolchain
             from .progress import say
 
             linking.forget_fast_linker(plan_.inputs["cxx"], list(plan_.opts.ldflags), store.root)
             say(f"kload: gold failed to link {plan_.name} ({_link_error(e)}); linking again with the "
                 "compiler's default linker, and without gold from now on", warning=True)
-            return _compile_locked(make_plan(plan_.opts, store), store)
+            return _compile_locked(plan_, store)
     except OSError as e:
         if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM):
             raise writable_error(store.root, e) from None
         raise
 
 
-def _fast_link_failed(plan_: Plan, e: CompileError) -> bool:
-    """Whether a failed build got as far as a link with gold, and gold failed it."""
-    return linking.FAST_LINKER in plan_.ldflags and ("ld.gold" in e.raw or "gold:" in e.raw)
+def link_flags(plan_: Plan, store: Store) -> list[str]:
+    """What this toolchain's link needs beyond the plan's flags (linking.py: gold where it
+    links, the shared C++ runtime where -lstdc++ would find only libstdc++.a); probed once
+    per toolchain, when something is compiled (a lookup, even a full one, probes nothing)."""
+    picked = any(f.startswith("-fuse-ld") for f in plan_.opts.ldflags)
+    link = linking.link_facts(plan_.inputs["cxx"], list(plan_.opts.ldflags), store.root,
+                              knobs.fast_link() and not picked)
+    return link.runtime_flags + ([linking.FAST_LINKER] if link.fast_linker else [])
+
+
+def _fast_link_failed(plan_: Plan, store: Store, e: CompileError) -> bool:
+    """Whether a failed build got as far as its link, with gold, and gold failed it."""
+    return (linking.FAST_LINKER in link_flags(plan_, store) and f"FAILED: {plan_.name}" in e.raw
+            and ("ld.gold" in e.raw or "gold:" in e.raw))
 
 
 def _link_error(e: CompileError) -> str:
@@ -188,6 +199,7 @@ def _build(plan_: Plan, store: Store, ws: Path) -> tuple[Entry, float]:
     """Compile and publish (the build lock is held)."""
     name = plan_.name
     pchs = pch.Use(plan_, store)  # check the precompiled headers (and say if one is damaged)
+    link = link_flags(plan_, store)
     if ws.exists():
         _reset_interrupted(ws, name)
     ws.mkdir(mode=0o700, exist_ok=True)
@@ -217,15 +229,13 @@ def _build(plan_: Plan, store: Store, ws: Path) -> tuple[Entry, float]:
     try:
         with parallel_jobs(plan_, len(sources)) as jobs, BuildProgress(name, ws, jobs) as progress, \
                 launchers(store, plan_), cuda_toolkit(plan_), pchs.held():
-            before = torchbuild.op_names() if plan_.sources.fixed_namespaces else None
-            torchbuild.run(plan_, ws, sources, pchs.cflags(), artifact)
+            registered = torchbuild.run(plan_, ws, sources, pchs.cflags(), link, artifact)
             seconds = time.perf_counter() - started
-            registered = torchbuild.registered_namespaces(before)
             deps = ninja_deps(ws)
             write_compdb(ws)
             notes = pchs.report(deps, ws, since)
             progress.finish(f"kload: built {name} in {seconds:.1f} s{pchs.summary()}")
-    except CompileError:
+    except KloadError:  # a CompileError, or a library refused before loading (linking.check_artifact)
         os.unlink(ws / BUILDING)  # a finished (failed) build; the directory stays valid
         raise
     finally:

@@ -92,7 +92,7 @@ def check_artifact(path: str | os.PathLike, name: str, cxx: dict) -> None:
     if why:
         raise KloadError(
             f"kload: refusing to load {name!r}: {why}. An exception thrown in it would crash this process. "
-            f"The compiler {cxx['path']} ({cxx['version']}) finds no usable shared libstdc++.so; "
+            f"The compiler {cxx['command']} ({cxx['version']}) finds no usable shared libstdc++.so; "
             f"set CXX to a compiler that does (e.g. CXX=/usr/bin/g++). Nothing was cached.")
 
 
@@ -101,7 +101,9 @@ def _probe(cxx: str, obj: Path, flags: list[str], out: Path) -> tuple[Artifact |
     try:
         proc = subprocess.run([cxx, "-shared", str(obj), *flags, "-o", str(out)], capture_output=True,
                               text=True, timeout=120)
-    except (OSError, subprocess.TimeoutExpired) as e:
+    except subprocess.TimeoutExpired:  # not a fact of the toolchain: nothing is remembered
+        raise KloadError(f"kload: the link probe of {cxx} did not finish in 120 s") from None
+    except OSError as e:
         return None, str(e)
     if proc.returncode != 0:
         return None, (proc.stderr or proc.stdout).strip()
@@ -112,11 +114,18 @@ def _find(cxx: str, ldflags: list[str], want_fast: bool) -> tuple[bool, list[str
     """Link the probe: (gold works, runtime flags, a note for the user or None).
     Raises KloadError for a toolchain whose runtime cannot be repaired."""
     user = [f for f in ldflags if not f.startswith("-fuse-ld")]
-    with tempfile.TemporaryDirectory(prefix="kload-link-") as tmp:
+    try:
+        tmp_dir = tempfile.TemporaryDirectory(prefix="kload-link-")
+    except OSError as e:
+        raise KloadError(f"kload: no temporary directory for the link probe ({e}); set TMPDIR") from None
+    with tmp_dir as tmp:
         src, obj = Path(tmp, "probe.cpp"), Path(tmp, "probe.o")
         src.write_text(_PROBE)
-        proc = subprocess.run([cxx, "-fPIC", "-c", str(src), "-o", str(obj)], capture_output=True, text=True,
-                              timeout=120)
+        try:
+            proc = subprocess.run([cxx, "-fPIC", "-c", str(src), "-o", str(obj)], capture_output=True, text=True,
+                                  timeout=120)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            raise KloadError(f"kload: the compiler {cxx} could not compile a one-line C++ file: {e}") from None
         if proc.returncode != 0:
             raise KloadError(f"kload: the compiler {cxx} cannot compile a one-line C++ file:\n"
                              f"{(proc.stderr or proc.stdout).strip()}")
@@ -151,7 +160,8 @@ def _find(cxx: str, ldflags: list[str], want_fast: bool) -> tuple[bool, list[str
 
 
 def _key(cxx: dict, ldflags: list[str], want_fast: bool) -> str:
-    return "|".join(["link", str(_VERSION), cxx["path"], cxx["version"], os.environ.get("PATH", ""),
+    return "|".join(["link", str(_VERSION), cxx["command"], cxx.get("proper") or cxx.get("real", ""), cxx["version"],
+                     os.environ.get("PATH", ""),
                      os.environ.get("LIBRARY_PATH", ""), repr(list(ldflags)), str(want_fast)])
 
 

@@ -48,7 +48,7 @@ def not_applicable(plan_: Plan) -> str | None:
     if not knobs.pch():
         return "KLOAD_PCH=0"
     if not toolchain.is_gcc(plan_.inputs["cxx"]):
-        return (f"the compiler {plan_.inputs['cxx']['path']} is not GCC (its macros say "
+        return (f"the compiler {plan_.inputs['cxx']['command']} is not GCC (its macros say "
                 f"{plan_.inputs['cxx'].get('family', 'other')})")
     for f in plan_.opts.cflags:
         if f in _NO_PCH_FLAGS or f.startswith(_NO_PCH_PREFIXES):
@@ -74,7 +74,8 @@ def plans_for(plan_: Plan, store: Store) -> list[PchPlan]:
         inputs = dict(base, header=header, kload_headers=kload_headers)
         key = digest({"schema": SCHEMA, "kind": "pch", "inputs": inputs})
         spec = {"key": key, "header": header, "root": str(store.root), "inputs": inputs,
-                "cxx": plan_.inputs["cxx"]["path"], "cflags": list(plan_.cflags),
+                "cxx": toolchain.which(plan_.inputs["cxx"]["command"]) or plan_.inputs["cxx"]["command"],
+                "cflags": list(plan_.cflags),
                 "include_paths": [str(include_dir())] + list(plan_.opts.include_paths),
                 "with_cuda": plan_.with_cuda}
         out.append(PchPlan(header, key, entry_dir(store, header, key), spec))

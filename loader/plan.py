@@ -12,7 +12,7 @@ from pathlib import Path
 from kload.cache.key import source_key
 from kload.cache.store import Store
 
-from . import knobs, linking, toolchain
+from . import knobs, toolchain
 from .errors import KloadError
 from .options import Options, include_dir
 from .sources import SourceSet, no_bindings, scan
@@ -113,14 +113,9 @@ def plan(opts: Options, store: Store) -> Plan:
     # Bind each library's calls to its own functions: a process that loaded an
     # older build of the same code must not serve the newer build's calls.
     ldflags = list(opts.ldflags) + ["-Wl,-Bsymbolic-functions"]
-    # gold links against libtorch's large symbol tables ~3x faster than bfd, where it
-    # links at all; and the shared C++ runtime, named where -lstdc++ would find only
-    # libstdc++.a (linking.py probes the toolchain once)
-    picked = any(f.startswith("-fuse-ld") for f in opts.ldflags)
-    link = linking.link_facts(cxx, list(opts.ldflags), store.root, knobs.fast_link() and not picked)
-    ldflags += link.runtime_flags
-    if link.fast_linker:
-        ldflags.append(linking.FAST_LINKER)
+    # (the linker, gold where it links, and the shared C++ runtime where -lstdc++ would
+    # find only libstdc++.a are the build's business, not the key's: build.py asks
+    # linking.py, and checks every artifact's runtime, whatever linked it)
     if with_cuda:
         cuda_cflags = cuda_host_compiler(cuda_cflags) + cuda_cflags
         if sset.cuda_lean_extension and knobs.lean_cuda():  # ahead of torch's include directories

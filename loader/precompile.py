@@ -297,14 +297,16 @@ def wait(timeout: float | None = None, root: str | os.PathLike | None = None) ->
     """Wait for the background builds this process started (for the cache at ``root``
     only, when given); True if all ended."""
     deadline = None if timeout is None else time.monotonic() + timeout
+    matched = False
     for (where, _), p in list(_started.items()):
         if root is not None and where != str(root):
             continue
+        matched = True
         try:
             p.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             return False
-    return True
+    return matched or root is None  # a root this process started nothing for: a caller's mistake
 
 
 def _main(argv: list[str]) -> int:

@@ -59,7 +59,6 @@ def resolve_full(opts: Options, root: Path, fast: tuple[str, str] | None) -> tup
     and compiler path from fingerprint.py), so the next process need not."""
     from kload.cache.store import Store  # the full lookup: on a miss of the hit record only
 
-    from . import toolchain
     from .plan import plan
 
     store = Store(root)
@@ -104,10 +103,5 @@ def resolve_full(opts: Options, root: Path, fast: tuple[str, str] | None) -> tup
             files[proper] = None
         for code in KEY_CODE:
             files[code] = None
-        if "-fuse-ld=gold" in p.ldflags:
-            gold = toolchain.which("ld.gold")
-            if gold is None:
-                return entry, how
-            files[gold] = None
         store.write_hit_record(opts.name, fp, cxx, entry, files)
     return entry, how

@@ -135,7 +135,9 @@ def _ask_compiler(path: str) -> tuple[str, str, str | None]:
                   if line.startswith("#define ") and line.count(" ") >= 2)
     if "__clang__" in macros:
         return "clang", "clang " + macros.get("__clang_version__", "?").strip('"'), None
-    if "__GNUC__" not in macros:
+    # Intel's and NVIDIA's HPC compilers define __GNUC__ too; they are not GCC (nor its PCH format)
+    if "__GNUC__" not in macros or any(m in macros for m in ("__INTEL_COMPILER", "__INTEL_LLVM_COMPILER",
+                                                              "__NVCOMPILER", "__PGI")):
         return "other", "", None
     version = "gcc " + macros.get("__VERSION__", "?").strip('"')
     # the compiler proper (cc1plus) of the GCC that really compiles: its file is what an upgrade changes
@@ -156,15 +158,17 @@ def _stat_stamp(path: str) -> str | None:
 
 
 def compiler_identity(command: str, cache_root: Path, ask: bool = True) -> dict:
-    """``{"command", "path", "real", "version", "family", "proper"}`` of a compiler, from a stat-keyed memo
-    when possible. ``ask``: identify a C/C++ compiler by its predefined macros (the
+    """``{"command", "version", "family", "proper" (GCC's cc1plus) or "real" (the resolved
+    file)}`` of a compiler, from a stat-keyed memo when possible. ``ask``: identify a C/C++ compiler by its predefined macros (the
     compiler that really compiles, behind any wrapper); else (nvcc) by ``--version``."""
     path = which(command)
     if path is None:
         raise KloadError(f"kload: compiler {command!r} not found on PATH (set CXX to a C++ compiler)")
-    stamp = _stat_stamp(path)  # follows links: a re-pointed link changes the inode
+    # the stamp follows links (a re-pointed link changes the inode); PATH: a wrapper such
+    # as ccache's masquerade directory runs the next compiler of that name on PATH
+    stamp = f"id3|{ask}|{_stat_stamp(path)}|{os.environ.get('PATH', '')}"
     known = memo(cache_root)
-    found = known.get(f"id2|{ask}|{stamp}")
+    found = known.get(stamp)
     # a wrapper (ccache) stays the same file when the GCC behind it is upgraded: its cc1plus does not
     if isinstance(found, list) and len(found) == 5 and (found[3] is None or _stat_stamp(found[3]) == found[4]):
         real, version, family, proper = found[:4]
@@ -183,10 +187,16 @@ def compiler_identity(command: str, cache_root: Path, ask: bool = True) -> dict:
         if ask:
             family, said, proper = _ask_compiler(path)
             version = said or version
-        known[f"id2|{ask}|{stamp}"] = [real, version, family, proper, proper and _stat_stamp(proper)]
+        known[stamp] = [real, version, family, proper, proper and _stat_stamp(proper)]
         save_memo(cache_root)
-    return {"command": command, "path": path, "real": real, "version": version, "family": family,
-            "proper": proper}
+    # part of the key: what compiles, not how it is reached (ccache on PATH or not, /bin or
+    # /usr/bin): for GCC its version and its compiler proper, for others the resolved file
+    ident = {"command": command, "version": version, "family": family}
+    if proper:
+        ident["proper"] = proper
+    else:
+        ident["real"] = real
+    return ident
 
 
 def system_prefixes(with_cuda: bool) -> tuple[str, ...]:

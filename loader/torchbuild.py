@@ -12,6 +12,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 from kload.cache.store import writable_error
@@ -101,7 +102,23 @@ class _CheckedLoad:
         return False
 
 
-def run(plan_: Plan, ws: Path, sources: list[str], pch_cflags: list[str], artifact: Path) -> None:
+def run(plan_: Plan, ws: Path, sources: list[str], pch_cflags: list[str], link: list[str], artifact: Path
+        ) -> list[str]:
+    """torch's loader on the plan, in this directory; ``link``: the toolchain's link flags
+    (build.link_flags, not keyed). Returns the namespaces of the operators that appeared
+    when torch loaded the build (for fixed-namespace libraries; else []). One at a time
+    per process: the checked load swaps a function of torch's, and the op-name diff
+    around it must see this build's registrations alone."""
+    with _ONE_AT_A_TIME:
+        before = op_names() if plan_.sources.fixed_namespaces else None
+        _run(plan_, ws, sources, pch_cflags, link, artifact)
+        return registered_namespaces(before)
+
+
+_ONE_AT_A_TIME = threading.RLock()
+
+
+def _run(plan_: Plan, ws: Path, sources: list[str], pch_cflags: list[str], link: list[str], artifact: Path) -> None:
     _ensure_ninja_on_path()
     from torch.utils import cpp_extension
 
@@ -118,7 +135,7 @@ def run(plan_: Plan, ws: Path, sources: list[str], pch_cflags: list[str], artifa
     torch_load = getattr(cpp_extension, "_kload_torch_load", cpp_extension.load)
     try:
         with _CheckedLoad(cpp_extension, plan_, artifact):
-            _torch_load(torch_load, plan_, ws, sources, pch_cflags, kload_include, cuda_includes)
+            _torch_load(torch_load, plan_, ws, sources, pch_cflags, link, kload_include, cuda_includes)
     except RuntimeError as e:
         _raise_build_error(plan_, ws, log_path, e)
     except OSError as e:
@@ -129,8 +146,8 @@ def run(plan_: Plan, ws: Path, sources: list[str], pch_cflags: list[str], artifa
         raise KloadError(f"kload: {plan_.name!r} compiled but cannot be loaded: {cause}{hint}") from None
 
 
-def _torch_load(torch_load, plan_: Plan, ws: Path, sources: list[str], pch_cflags: list[str], kload_include: str,
-                cuda_includes: list[str]) -> None:
+def _torch_load(torch_load, plan_: Plan, ws: Path, sources: list[str], pch_cflags: list[str], link: list[str],
+                kload_include: str, cuda_includes: list[str]) -> None:
     torch_load(
         name=plan_.name,
         sources=sources,
@@ -139,7 +156,7 @@ def _torch_load(torch_load, plan_: Plan, ws: Path, sources: list[str], pch_cflag
         # precompiled headers' directories ahead of it (and nvcc does not)
         extra_cflags=list(plan_.cflags) + pch_cflags + [kload_include] + cuda_includes,
         extra_cuda_cflags=list(plan_.cuda_cflags) + [kload_include] + cuda_includes + nvcc_threads(plan_.cuda_cflags),
-        extra_ldflags=list(plan_.ldflags),
+        extra_ldflags=list(plan_.ldflags) + link,
         extra_include_paths=list(plan_.opts.include_paths),
         build_directory=str(ws),
         verbose=plan_.opts.verbose,

@@ -41,13 +41,12 @@ DEEPSPEED = """
 """
 
 
-def test_deepspeed_cpu_adam_builds_with_torchs_loader_and_through_kload(tmp_path, cxx_wrapper):
+@pytest.mark.slow
+def test_deepspeed_cpu_adam_builds_through_kload(tmp_path, cxx_wrapper):
     script, log = cxx_wrapper
-    # torch's own loader builds it here (no compiler cache in front: TORCH_NO_COMPILER_WRAPPER)
-    torch_run = run_py(DEEPSPEED.format(use="", kload=False),
-                       env={"TORCH_EXTENSIONS_DIR": str(tmp_path / "torch_ext"), "TORCH_NO_COMPILER_WRAPPER": "1"})
-    assert torch_run["diff"] < 1e-5
-    # the same, unmodified, through kload: KLOAD_PATCH_TORCH=1 and an `import kload` before the optimizer
+    # unmodified, through kload: KLOAD_PATCH_TORCH=1 and an `import kload` before the optimizer; its
+    # three steps are checked against torch.optim.Adam (a build with torch's own loader, which this
+    # test once made too, checked torch's loader, not kload: benchmarks/clients.py times the two)
     env = {"KLOAD_PATCH_TORCH": "1", "CXX": str(script), "KLOAD_PCH": "0"}
     before = compiles(log)  # the wrapper's log is the session's
     cold = run_py(DEEPSPEED.format(use="import kload", kload=True), env=env)
@@ -80,6 +79,7 @@ SRU = """
 """
 
 
+@pytest.mark.slow
 def test_sru_builds_its_cpu_op_through_kload_at_import(cxx_wrapper):
     pytest.importorskip("sru", reason="the test extra installs sru")
     script, log = cxx_wrapper

@@ -104,6 +104,7 @@ COMPARE = """
 """
 
 
+@pytest.mark.slow
 def test_is_python_module_false_and_functions_behave_as_torchs(tmp_path):
     src = write(tmp_path / "muladd.cpp", MULADD.replace("NS", "kload_cmp"))
     results = {}
@@ -123,6 +124,7 @@ def test_is_python_module_false_and_functions_behave_as_torchs(tmp_path):
     assert t["inline_error"] == ["RuntimeError", True]  # with_pytorch_error_handling: c10::Error -> RuntimeError
 
 
+@pytest.mark.slow
 def test_patched_torch_loader_gets_kloads_cache_hits_edits_and_errors(tmp_path, cxx_wrapper):
     """kload's own loader checks, for the classic style, through an unmodified call of
     torch.utils.cpp_extension.load (the tutorial's code; torch's own loader cannot even
@@ -148,7 +150,7 @@ def test_patched_torch_loader_gets_kloads_cache_hits_edits_and_errors(tmp_path, 
     assert n == before + 1
     # a fresh process: a cache hit, no compiler run
     assert run_py(code, env=env) == {"out": [2.0, 2.0, 2.0], "how": ["cache"], "patched": True}
-    assert compiles(log) == n
+    assert compiles(log, str(src)) == n
     # a header edit (torch's loader rebuilds only on the sources' own hashes): rebuilt
     write(tmp_path / "scale.h", "#define SCALE 3\n")
     assert run_py(code, env=env)["out"] == [6.0, 6.0, 6.0]
@@ -164,6 +166,7 @@ def test_patched_torch_loader_gets_kloads_cache_hits_edits_and_errors(tmp_path, 
     assert run_py(code, env=env)["how"] == ["cache"]  # the good build is still there
 
 
+@pytest.mark.slow
 def test_build_then_load_works_for_every_style(tmp_path):
     """handle.build() compiles (and, as torch's loader does, leaves the library loaded);
     load() afterwards binds the ops, in one process, for every binding style."""
@@ -289,6 +292,7 @@ def test_unset_max_jobs_is_chosen_and_said(tmp_path):
     assert m and 1 <= int(m[1]) <= min(2, len(os.sched_getaffinity(0)))
 
 
+@pytest.mark.slow
 def test_kload_ide_lets_clangd_resolve_kernel_and_torch_headers(tmp_path):
     import shutil
     import subprocess
@@ -355,6 +359,7 @@ def test_a_killed_build_through_the_patched_loader_blocks_nobody(tmp_path):
     assert "interrupted" in proc.stderr and time.time() - started < 300
 
 
+@pytest.mark.slow
 def test_kload_ide_line_magic_writes_the_database(tmp_path):
     """%kload ide, in an IPython shell of its own process (an IPython shell in the test
     process would turn on reload-on-save for every later test's handles)."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import nbformat
+import pytest
 import torch
 from nbclient import NotebookClient
 
@@ -69,6 +70,7 @@ RELOAD_SCRIPT = """
 """
 
 
+@pytest.mark.slow
 def test_edit_reloads_and_a_failed_rebuild_keeps_the_last_good_build(tmp_path):
     write(tmp_path / "factor.h", "#define FACTOR 2.0\n")
     write(tmp_path / "scale.cpp", OP.format())
@@ -101,6 +103,7 @@ def test_reload_of_a_pybind11_module_and_explicit_reload(tmp_path):
 
 # -- incremental ----------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_editing_one_translation_unit_recompiles_only_it(tmp_path, cxx_wrapper):
     cxx, log = cxx_wrapper
     write(tmp_path / "ops_main.cpp", """\
@@ -151,6 +154,7 @@ def test_progress_line_with_verbose_and_silence_without(tmp_path):
 
 # -- debug builds ---------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_debug_build_is_an_entry_of_its_own_with_debug_info(vadd_dir):
     plain = kload.load(vadd_dir / "vadd.cpp", name="vadd_dbg_cmp")
     debug = kload.load(vadd_dir / "vadd.cpp", name="vadd_dbg_cmp", debug=True)
@@ -162,6 +166,7 @@ def test_debug_build_is_an_entry_of_its_own_with_debug_info(vadd_dir):
 
 # -- notebooks, in a real Jupyter kernel ----------------------------------------------
 
+@pytest.mark.slow
 def test_example_notebook_runs(tmp_path):
     nb = run_notebook(nbformat.read(EXAMPLES / "notebook.ipynb", as_version=4), tmp_path)
     assert not any(o.get("output_type") == "error" for c in nb.cells for o in c.get("outputs", []))
@@ -171,6 +176,7 @@ def test_example_notebook_runs(tmp_path):
     assert "kload cache:" in every
 
 
+@pytest.mark.slow
 def test_magic_edit_rerun_error_lines(tmp_path):
     C = nbformat.v4.new_code_cell
     v1 = ('%%kload cellop\n'

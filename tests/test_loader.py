@@ -213,6 +213,7 @@ def test_op_checks_raise_python_errors(vadd_dir):
 
 # -- binding styles ------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_tutorial_pybind_code_runs_as_written(tmp_path):
     """Section 3.2 of the tutorial: torch/extension.h, PYBIND11_MODULE, undefined CHECK_INPUT."""
     src = tmp_path / "my_ops.cpp"
@@ -224,6 +225,7 @@ def test_tutorial_pybind_code_runs_as_written(tmp_path):
     raises_in_child(lambda: ext.vector_add(torch.ones(3, 3).t(), torch.ones(3, 3)), RuntimeError, "must be contiguous")
 
 
+@pytest.mark.slow
 def test_plain_torch_library_loads_and_refuses_rebuild_in_process(tmp_path):
     code = """\
         #include <torch/library.h>
@@ -402,6 +404,7 @@ def test_a_function_aten_lacks_is_a_compile_error_at_its_line(tmp_path):
     assert "hint" not in str(e.value)  # kernel.h has the whole API: nothing to add
 
 
+@pytest.mark.slow
 def test_hit_record_serves_fresh_processes_and_any_edit_voids_it(vadd_dir, kload_cache):
     """A fresh process finds its entry through the hit record (nothing of kload but
     the hit path is imported); a same-size edit with its mtime put back, or a

@@ -20,6 +20,8 @@ from kload.cache import MANIFEST, stamp_of
 from kload.cache.key import sha256_now
 
 from conftest import kload_cli, write
+
+pytestmark = pytest.mark.slow  # make test-quick leaves this file out (docs/testing.md)
 from test_live import run_notebook, texts
 
 # What a user writes first: operators, at:: factories, dispatch, parallel_for.

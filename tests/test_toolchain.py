@@ -84,9 +84,11 @@ def test_a_gcc_without_a_usable_libstdcxx_so_is_repaired_in_every_style(broken_g
     subprocess.run([str(broken_gcc), "-fPIC", "-c", str(tmp_path / "probe.cpp"), "-o", str(obj)], check=True)
     subprocess.run([str(broken_gcc), "-shared", str(obj), "-o", str(tmp_path / "raw.so")], check=True)
     assert runtime_of(str(tmp_path / "raw.so"))[1], "the broken toolchain did not reproduce the private runtime"
-    gold = subprocess.run([str(broken_gcc), "-shared", str(obj), "-fuse-ld=gold", "-o", str(tmp_path / "g.so")],
-                          capture_output=True, text=True)
-    assert gold.returncode != 0 and "libstdc++.so" in gold.stderr
+    has_gold = shutil.which("ld.gold") is not None  # binutils 2.44 and later ship none
+    if has_gold:
+        gold = subprocess.run([str(broken_gcc), "-shared", str(obj), "-fuse-ld=gold", "-o", str(tmp_path / "g.so")],
+                              capture_output=True, text=True)
+        assert gold.returncode != 0 and "libstdc++.so" in gold.stderr
 
     srcs = {n: write(tmp_path / f"{n}.cpp", t) for n, t in (("tc_stable", STABLE), ("tc_oplib", OPLIB),
                                                           ("tc_pybind", PYBIND))}
@@ -120,7 +122,8 @@ def test_a_gcc_without_a_usable_libstdcxx_so_is_repaired_in_every_style(broken_g
     assert out["pybind"].startswith("ValueError: thrice: x must be >= 0"), out
     # said once, in one line, what was wrong and what was done; gold never on a build's link line
     said = [line for line in proc.stderr.splitlines() if "finds no usable shared libstdc++.so" in line]
-    assert len(said) == 1 and "gold cannot link here" in said[0] and "-l:libstdc++.so.6" in said[0], proc.stderr
+    assert len(said) == 1 and "-l:libstdc++.so.6" in said[0], proc.stderr
+    assert ("gold cannot link here" in said[0]) == has_gold, said[0]
     links = [line for line in (tmp_path / "calls.log").read_text().splitlines() if " -shared" in f" {line}"]
     assert len(links) >= 3 + 3  # the probe's links, then one per library
     assert not any("-fuse-ld=gold" in line for line in links[-3:]), links[-3:]
@@ -196,9 +199,11 @@ def test_gcc_behind_ccache_is_gcc_and_keeps_the_precompiled_header(tmp_path, mon
     monkeypatch.setenv("CCACHE_DIR", str(tmp_path / "ccache"))
     ident = toolchain.compiler_identity("c++", tmp_path / "memo")
     plain = toolchain.compiler_identity("g++", tmp_path / "memo")
-    assert ident["path"] == "/usr/lib/ccache/c++" and ident["real"].endswith("ccache")
+    assert toolchain.which("c++") == "/usr/lib/ccache/c++" and os.path.realpath("/usr/lib/ccache/c++").endswith("ccache")
     assert ident["family"] == "gcc" and ident["version"] == plain["version"] and ident["version"].startswith("gcc ")
     assert ident["proper"] and ident["proper"].endswith("cc1plus") and ident["proper"] == plain["proper"]
+    # what the key holds is what compiles, not how it is reached: the same with ccache in front or not
+    assert {k: v for k, v in ident.items() if k != "command"} == {k: v for k, v in plain.items() if k != "command"}
     src = write(tmp_path / "tc_pch.cpp", OPLIB.replace("#define KLOAD_LEAN\n", ""))
     p = plan(Options("tc_pch", [src]), Store(tmp_path / "cache"))
     assert pch.not_applicable(p) is None and pch.plans_for(p, Store(tmp_path / "cache"))

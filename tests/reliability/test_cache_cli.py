@@ -26,6 +26,7 @@ def age(cache: Path, name: str, seconds: float) -> None:
             os.utime(p / "last_used", (t, t))
 
 
+@pytest.mark.slow
 def test_list_info_explain_build(tmp_path, cxx_wrapper):
     cxx, log = cxx_wrapper
     cache = tmp_path / "cache"
@@ -85,6 +86,7 @@ def test_disable_jit_refuses_a_miss_and_compiles_nothing(tmp_path, cxx_wrapper):
     assert compiles(log, "nojit.cpp") == before and names(cache) == {"nojit"}
 
 
+@pytest.mark.slow
 def test_size_limit_evicts_least_recently_used_never_one_in_use(tmp_path):
     from kload.cache.store import Store, dir_size, entry_in_use
 

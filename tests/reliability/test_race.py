@@ -9,7 +9,11 @@ import sys
 import textwrap
 import time
 
+import pytest
+
 from conftest import compiles, tiny
+
+pytestmark = pytest.mark.slow  # make test-quick leaves this file out (docs/testing.md)
 
 RACER = """
     import json, os, sys, time, torch

@@ -24,8 +24,9 @@ from conftest import kload_cli, write
 from kload.cache.key import full_key
 from kload.cache.remote import chunk_key
 
-pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None,
-                                reason="redis-server is not installed (`make test` installs it as root)")
+pytestmark = [pytest.mark.skipif(shutil.which("redis-server") is None,
+                                 reason="redis-server is not installed (`make test` installs it as root)"),
+              pytest.mark.slow]  # make test-quick leaves this file out (docs/testing.md)
 
 SM = """\
     #include <kload/stable.h>
@@ -99,11 +100,15 @@ def src(tmp_path):
 
 @pytest.fixture
 def cxx(tmp_path):
-    """A compiler wrapper that logs every call (and sleeps $SLOW_CXX seconds before compiling sm.cpp)."""
+    """A compiler wrapper that logs every call. Before compiling sm.cpp it waits for the file
+    $GATE (a test opens it when its scene is set: no race against a fixed sleep), or sleeps
+    $SLOW_CXX seconds (where time itself is the point: a build longer than the lease)."""
     log = tmp_path / "cxx.log"
     script = tmp_path / "logging-c++"
     script.write_text(f'#!/bin/sh\necho "$*" >> "{log}"\n'
-                      f'case "$*" in *" -c "*sm.cpp*) sleep "${{SLOW_CXX:-0}}" ;; esac\nexec c++ "$@"\n')
+                      f'case "$*" in *" -c "*sm.cpp*) if [ -n "${{GATE:-}}" ]; then i=0; '
+                      f'while [ ! -e "$GATE" ] && [ $i -lt 6000 ]; do sleep 0.05; i=$((i+1)); done; '
+                      f'else sleep "${{SLOW_CXX:-0}}"; fi ;; esac\nexec c++ "$@"\n')
     script.chmod(0o755)
     return script, log
 
@@ -285,11 +290,13 @@ def test_a_truncated_remote_artifact_is_refused_rebuilt_and_repaired(tmp_path, s
     assert not [p for p in (tmp_path / "victim").iterdir() if p.name.startswith(".remote-")]
 
 
-def holder_and_waiter(tmp_path, server, src, cxx, slow_a: float, code: str = CHILD):
-    """Node a starts building (compiles slowly) and takes the lease; node b starts and
-    waits for it. Returns both processes and their stderr files."""
+def holder_and_waiter(tmp_path, server, src, cxx, slow_a: float = 0, code: str = CHILD, gate: Path | None = None):
+    """Node a starts building (its compile waits for ``gate``, or sleeps ``slow_a`` s) and
+    takes the lease; node b starts and waits for it. Returns both processes and their
+    stderr files."""
     a_err, b_err = tmp_path / "a.err", tmp_path / "b.err"
-    a = start(src, node_env(tmp_path / "a", server.url, cxx, SLOW_CXX=slow_a), a_err, code)
+    slow = {"GATE": str(gate)} if gate else {"SLOW_CXX": slow_a}
+    a = start(src, node_env(tmp_path / "a", server.url, cxx, **slow), a_err, code)
     deadline = time.monotonic() + 120
     while not server.client.keys(PREFIX + "lease:*"):  # a holds the lease: it is compiling
         assert time.monotonic() < deadline and a.poll() is None, a_err.read_text()
@@ -303,8 +310,10 @@ def holder_and_waiter(tmp_path, server, src, cxx, slow_a: float, code: str = CHI
 
 
 def test_server_killed_mid_build_both_nodes_finish_locally_with_one_warning(tmp_path, server, src, cxx):
-    a, b, a_err, b_err = holder_and_waiter(tmp_path, server, src, cxx, slow_a=10)
+    gate = tmp_path / "gate"
+    a, b, a_err, b_err = holder_and_waiter(tmp_path, server, src, cxx, gate=gate)
     server.kill()
+    gate.touch()  # a compiles now, b is waiting: both find the server gone
     (out_a, err_a), (out_b, err_b) = finish(a, a_err), finish(b, b_err)
     assert out_a == out_b == RIGHT
     assert compiles(cxx[1]) == 2
@@ -315,7 +324,10 @@ def test_server_killed_mid_build_both_nodes_finish_locally_with_one_warning(tmp_
 
 
 def test_a_build_longer_than_the_lease_keeps_it_renewed_and_the_waiter_downloads(tmp_path, server, src, cxx):
-    a, b, a_err, b_err = holder_and_waiter(tmp_path, server, src, cxx, slow_a=LEASE_S + 4)
+    gate = tmp_path / "gate"
+    a, b, a_err, b_err = holder_and_waiter(tmp_path, server, src, cxx, gate=gate)
+    time.sleep(LEASE_S + 3)  # the point: a holds the lease past its expiry while b waits (a renews it)
+    gate.touch()
     (out_a, _), (out_b, err_b) = finish(a, a_err), finish(b, b_err)
     assert out_a == out_b == RIGHT
     assert compiles(cxx[1]) == 1, err_b  # b never took over: a renewed its lease
@@ -324,15 +336,17 @@ def test_a_build_longer_than_the_lease_keeps_it_renewed_and_the_waiter_downloads
 
 def test_waiting_is_bounded_by_KLOAD_REMOTE_CACHE_WAIT(tmp_path, server, src, cxx):
     a_err, b_err = tmp_path / "a.err", tmp_path / "b.err"
-    a = start(src, node_env(tmp_path / "a", server.url, cxx, SLOW_CXX=20), a_err)
+    gate = tmp_path / "gate"
+    a = start(src, node_env(tmp_path / "a", server.url, cxx, GATE=gate), a_err)
     deadline = time.monotonic() + 120
     while not server.client.keys(PREFIX + "lease:*"):
         assert time.monotonic() < deadline and a.poll() is None, a_err.read_text()
         time.sleep(0.1)
     out_b, err_b = finish(start(src, node_env(tmp_path / "b", server.url, cxx, KLOAD_REMOTE_CACHE_WAIT="2s"), b_err),
                           b_err)
-    assert out_b == RIGHT and a.poll() is None  # b is done while a still compiles (20 s): it waited 2 s only
+    assert out_b == RIGHT and a.poll() is None  # b is done while a still compiles: it waited 2 s only
     assert "KLOAD_REMOTE_CACHE_WAIT" in err_b and "building sm here" in err_b and "kload: built sm" in err_b
+    gate.touch()
     assert finish(a, a_err)[0] == RIGHT
     assert compiles(cxx[1]) == 2
 
@@ -358,7 +372,9 @@ def test_when_the_holders_build_fails_the_waiter_stops_waiting_and_builds(tmp_pa
         except kload.CompileError as e:
             print(json.dumps({"out": str(e).splitlines()[1]}))
     """
-    a, b, a_err, b_err = holder_and_waiter(tmp_path, server, src, cxx, slow_a=15, code=code)
+    gate = tmp_path / "gate"
+    a, b, a_err, b_err = holder_and_waiter(tmp_path, server, src, cxx, code=code, gate=gate)
+    gate.touch()  # b is waiting: now a's compile fails
     (out_a, _), (out_b, err_b) = finish(a, a_err), finish(b, b_err)
     assert "sm.cpp:" in out_a and out_a == out_b  # the same compile error, with file:line, on both nodes
     assert f"kload: {socket.gethostname()}:{a.pid} building sm failed" in err_b and "building sm here" in err_b
