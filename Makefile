@@ -57,7 +57,7 @@ test: $(VENV)/.installed tools
 	@rm -f .test-started
 
 pytest: $(VENV)/.installed
-	KLOAD_SLOWEST_FILE=.test-slowest $(PY) -m pytest -q tests --durations=25 --durations-min=5
+	KLOAD_SLOWEST_FILE=.test-slowest $(PY) -m pytest -q tests -n 2 --dist loadfile --durations=25 --durations-min=5
 
 # the quick part, to run while working (under 5 minutes): no test marked slow (docs/testing.md)
 test-quick: $(VENV)/.installed

@@ -157,6 +157,19 @@ def tally():
     return count
 
 
+def pytest_sessionfinish(session):
+    worker_output = getattr(session.config, "workeroutput", None)
+    if worker_output is not None:  # a pytest-xdist worker: its figures go to the controller
+        worker_output["kload_tally"] = json.dumps(TALLY)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    """pytest-xdist's controller: add up the workers' figures."""
+    for what, n in json.loads(getattr(node, "workeroutput", {}).get("kload_tally", "{}")).items():
+        TALLY[what] = TALLY.get(what, 0) + n
+
+
 def pytest_terminal_summary(terminalreporter):
     slowest_file = os.environ.get("KLOAD_SLOWEST_FILE")
     if slowest_file:  # `make test` prints these again at its very end

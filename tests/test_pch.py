@@ -196,7 +196,8 @@ def test_compilers_and_flags_where_no_pch_applies(tmp_path, monkeypatch):
     src = source(tmp_path)
     p = plan(make_options("n", [src], [], [], [], [], False, False, False), store)
     assert not_applicable(p) is None and [pp.header for pp in plans_for(p, store)] == ["kload/kernel.h"]
-    p.inputs["cxx"] = {"path": "/usr/bin/clang++-14", "version": "Debian clang version 14.0.6"}
+    p.inputs["cxx"] = {"command": "clang++-14", "real": "/usr/lib/llvm-14/bin/clang", "family": "clang",
+                       "version": "clang 14.0.6"}  # what toolchain.compiler_identity says of a clang
     assert "is not GCC" in not_applicable(p) and plans_for(p, store) == []
     for flags in (["-include", "x.h"], ["-E"], ["-fsyntax-only"], ["-x", "c++"]):
         p = plan(make_options("n", [src], flags, [], [], [], False, False, False), store)
