@@ -46,12 +46,12 @@ tools:
 	  command -v apt-get >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$tool >/dev/null; } || \
 	  echo "note: $$tool is not installed; its test will be skipped"; done
 
-# the whole suite (what .ci/run runs): pytest while the second venv installs beside it, then
-# `make upgrade-check`; at the end, the wall time and the five slowest tests
+# the whole suite (what .ci/run runs): pytest on two workers, and beside it the second venv's
+# install and `make upgrade-check` (their compiles fill the cores pytest's waits leave idle);
+# at the end, the wall time and the five slowest tests
 test: $(VENV)/.installed tools
 	@date +%s > .test-started
-	$(MAKE) -j2 pytest next-venv
-	$(MAKE) upgrade-check
+	$(MAKE) -j3 pytest upgrade-check
 	@echo "make test: passed in $$(( $$(date +%s) - $$(cat .test-started) )) s; the five slowest tests:"
 	@cat .test-slowest
 	@rm -f .test-started
@@ -64,10 +64,11 @@ test-quick: $(VENV)/.installed
 	$(PY) -m pytest -q tests -m "not slow" --durations=10
 
 # one cache, two torch releases (tests/upgrade_check.py); the .cu of every binding style built
-# and loaded under the CUDA build of torch (tests/cuda_check.py); NVRTC's tests, where NVRTC is
+# and loaded under the CUDA build of torch (tests/cuda_check.py); NVRTC's tests, where NVRTC is.
+# KLOAD_PCH=0: their caches are thrown away, so a precompiled header would be built for nothing
 upgrade-check: $(VENV)/.installed next-venv
-	$(PY) tests/upgrade_check.py $(PY) $(NEXT_PY)
-	KLOAD_CACHE_DIR=$$(mktemp -d) $(NEXT_PY) tests/cuda_check.py
+	KLOAD_PCH=0 $(PY) tests/upgrade_check.py $(PY) $(NEXT_PY)
+	KLOAD_PCH=0 KLOAD_CACHE_DIR=$$(mktemp -d) $(NEXT_PY) tests/cuda_check.py
 	KLOAD_CACHE_DIR=$$(mktemp -d) $(NEXT_PY) -m pytest -q -p no:cacheprovider tests/test_nvrtc.py
 
 # the benchmarks; the bench extra brings matplotlib (the kernels' chart) and the peers live.py runs

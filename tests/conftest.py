@@ -16,6 +16,19 @@ ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"  # the tutorial code users paste lives there
 
 
+# The files' cost in the last timed run (docs/testing.md), most first: pytest-xdist hands files
+# to its workers in collection order, so the longest start first and none is left for the end.
+_HEAVY = ["test_pch.py", "test_cpp_extension.py", "test_clients.py", "test_live.py", "test_loader.py",
+          "test_remote.py", "test_cache_cli.py", "test_faults.py", "test_race.py", "test_kernels.py"]
+
+
+def pytest_collection_modifyitems(config, items):
+    def cost(item):
+        name = item.path.name
+        return _HEAVY.index(name) if name in _HEAVY else len(_HEAVY)
+    items.sort(key=cost)  # stable: the tests of a file keep their order
+
+
 @pytest.fixture(scope="session", autouse=True)
 def kload_cache(tmp_path_factory):
     """One cache for the session: tests share compiled artifacts, CI starts cold."""
