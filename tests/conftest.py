@@ -318,7 +318,6 @@ def raises_in_fresh_process(code: str, exc: type[BaseException], match: str = ""
     """raises_in_child for CUDA (a forked child cannot use CUDA): ``code`` (whose last
     statement is the call) runs in a fresh interpreter; it must raise ``exc`` matching
     ``match``. A crash fails with the signal's name."""
-    import re
     import signal
 
     body = textwrap.indent(textwrap.dedent(code), "    ")
@@ -329,9 +328,15 @@ def raises_in_fresh_process(code: str, exc: type[BaseException], match: str = ""
     proc = run_code(wrapper, env)
     if proc.returncode < 0:
         pytest.fail(f"the call crashed the process: {signal.Signals(-proc.returncode).name}\n{proc.stderr[-2000:]}")
-    out = last_json(proc)
+    return _expect_raised(last_json(proc), exc, match)
+
+
+def _expect_raised(out: dict, exc: type[BaseException], match: str) -> str:
+    """What a child reported (in_child's dict) raised ``exc`` matching ``match``: its message."""
+    import re
+
     if "raised" not in out:
-        pytest.fail(f"expected {exc.__name__}, but the call returned")
+        pytest.fail(f"expected {exc.__name__}, but the call returned {out.get('returned', '')}")
     assert exc.__name__ in out["mro"], f"expected {exc.__name__}, got {out['raised']}: {out['message']}"
     assert re.search(match, out["message"]), f"{match!r} not in {out['message']!r}"
     return out["message"]
@@ -340,11 +345,4 @@ def raises_in_fresh_process(code: str, exc: type[BaseException], match: str = ""
 def raises_in_child(fn, exc: type[BaseException], match: str = "") -> str:
     """pytest.raises, crash-safe: ``fn()`` raises ``exc`` (or a subclass) whose message
     matches ``match``, in a child process. Returns the message."""
-    import re
-
-    out = in_child(fn)
-    if "raised" not in out:
-        pytest.fail(f"expected {exc.__name__}, but the call returned {out['returned']}")
-    assert exc.__name__ in out["mro"], f"expected {exc.__name__}, got {out['raised']}: {out['message']}"
-    assert re.search(match, out["message"]), f"{match!r} not in {out['message']!r}"
-    return out["message"]
+    return _expect_raised(in_child(fn), exc, match)
