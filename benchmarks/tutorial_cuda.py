@@ -12,6 +12,9 @@ rebuilt, in one run, sides alternating:
 
 Each side first builds once (not timed), then each repeat edits one constant of the
 .cu and times the rebuild in a fresh process: only the .cu recompiles, then the link.
+No precompiled header is built (KLOAD_PCH=0: a .cu edit recompiles no .cpp, and a
+background header build would run beside the next side's timed edit), and each timed
+edit starts only once no compiler of an earlier step is still running.
 Needs a CUDA build of torch and nvcc; no GPU (it times the compiler). nvcc's own
 per-phase times of the last edit of each side go to benchmarks/out/.
 """
@@ -22,8 +25,10 @@ import os
 import shlex
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -50,6 +55,20 @@ print(json.dumps(time.perf_counter() - t))
 CHECKS = shlex.quote("-DCHECK_INPUT(x)=TORCH_CHECK(x.is_contiguous())")  # the tutorial uses it undefined; torch cannot build it
 
 
+COMPILERS = ("nvcc", "cudafe++", "cicc", "ptxas", "cc1plus", "ld")
+
+
+def wait_quiet(limit: float = 600.0) -> None:
+    """Wait until no compiler runs on this machine (a timed edit must not share the cores)."""
+    end = time.monotonic() + limit
+    while time.monotonic() < end:
+        busy = [c for c in COMPILERS if subprocess.run(["pgrep", "-x", c], capture_output=True).returncode == 0]
+        if not busy:
+            return
+        time.sleep(1.0)
+    sys.exit(f"compilers still running after {limit:.0f} s: {', '.join(busy)}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeat", type=int, default=2)
@@ -72,7 +91,7 @@ def main() -> None:
         # torch's loader guesses CUDA_HOME from nvcc's folder (/usr/local for /usr/local/bin/nvcc): tell it
         # TORCH_NO_COMPILER_WRAPPER: recent torch puts a ccache found on PATH in front of the compilers
         env = {"KLOAD_CACHE_DIR": str(d / "cache"), "TORCH_CUDA_ARCH_LIST": ARCHS, "MAX_JOBS": "2",
-               "CUDA_HOME": find_cuda_home(), "TORCH_NO_COMPILER_WRAPPER": "1",
+               "CUDA_HOME": find_cuda_home(), "TORCH_NO_COMPILER_WRAPPER": "1", "KLOAD_PCH": "0",
                "KLOAD_LEAN_CUDA": "0" if side == "kload full header" else "1"}
         code = (TORCH if side == "torch" else KLOAD).format(
             cpp=str(d / CPP.name), cu=str(d / CU.name), ws=str(d / "ws"), checks=CHECKS,
@@ -89,6 +108,7 @@ def main() -> None:
             cu = d / CU.name
             cu.write_text(cu.read_text().replace("out[i] = a[i] + b[i]", f"out[i] = a[i] + b[i] + {i + 1} - {i + 1}"))
             last = i == args.repeat - 1
+            wait_quiet()
             e = dict(env, NVCC_APPEND_FLAGS=f"-time {out / ('tutorial_cuda_' + side.replace(' ', '_') + '.csv')}")
             times.append(py(code, e if last else env))
     base = statistics.median(sides["torch"][3])
