@@ -32,9 +32,10 @@ $(VENV_NEXT)/.installed:
 .PHONY: install demo tools test test-quick pytest next-venv bench upgrade-check
 install: $(VENV)/.installed
 
-# this clone's kload, with its dependencies, in the second venv (every run: it may have served another clone)
+# this clone's kload, with its dependencies and IPython (the NVRTC cell test), in the second venv (every run:
+# it may have served another clone)
 next-venv: $(VENV_NEXT)/.installed
-	flock $(VENV_NEXT).lock $(NEXT_PY) -m pip install -q -e .
+	flock $(VENV_NEXT).lock $(NEXT_PY) -m pip install -q -e ".[notebook]"
 
 demo: $(VENV)/.installed
 	$(PY) examples/demo.py

@@ -35,7 +35,8 @@ from kload.errors import KloadError
 
 from . import LAST_USED, MANIFEST, SCHEMA, Entry, entry_in_use, read_json, stamp_of
 from .key import manifest_problem, sha256_now
-from .store import Store, write_json_atomic
+from .publish import publish
+from .store import Store
 
 BUNDLE_MANIFEST = "kload-bundle.json"
 FORMAT = 1                  # bump when the bundle layout changes
@@ -262,7 +263,7 @@ def publish_staged(store: Store, staged: Path, m: dict, origin: dict) -> str:
     ``origin`` (where it came from: a bundle, a remote cache) goes into its manifest
     as ``imported``. Also the remote cache's download path (remote.py)."""
     dest = store.entries / staged.name
-    cand = {"key": m["key"], "entry": dest.name, "headers": m["headers"], "stamps": {}}
+    cand = {"key": m["key"], "headers": m["headers"], "stamps": {}}
     have = read_json(dest / MANIFEST)
     if have is not None and have.get("key") == m["key"]:
         try:
@@ -272,20 +273,13 @@ def publish_staged(store: Store, staged: Path, m: dict, origin: dict) -> str:
         if intact:
             idx = read_json(store.index / f"{m['source_key']}.json") or {}
             if not any(c.get("key") == m["key"] for c in idx.get("candidates", [])):
-                store._add_candidate(m["source_key"], cand)
+                store.add_candidate(m["source_key"], dict(cand, entry=dest.name))
             return "present"
     art = staged / m["artifact"]
     os.chmod(art, 0o700)
-    os.chmod(staged / MANIFEST, 0o600)
+    # the stamp a hit record compares with; a damaged or half-published entry of this key is replaced
     m = dict(m, stat=stamp_of(os.stat(art)), imported=dict(origin, at=time.time()))
-    write_json_atomic(staged / MANIFEST, m)  # the stamp a hit record compares with
-    os.close(os.open(staged / LAST_USED, os.O_WRONLY | os.O_CREAT, 0o600))
-    if dest.exists():  # a damaged or half-published entry for this very key
-        trash = store.entries / f".trash-{dest.name}-{uuid.uuid4().hex[:6]}"
-        os.replace(dest, trash)
-        shutil.rmtree(trash, ignore_errors=True)
-    os.rename(staged, dest)
-    store._add_candidate(m["source_key"], cand)  # the index record, last: now lookups find it
+    publish(store, staged, dest.name, m, candidate=cand)
     return "imported"
 
 

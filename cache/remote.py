@@ -85,7 +85,7 @@ def redact(url: str) -> str:
     return urlunsplit(parts._replace(netloc=netloc, query=query))
 
 
-def me() -> str:
+def this_process() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
@@ -146,7 +146,7 @@ class Remote:
                     break
         if sent != m["size"]:
             raise RemoteError(f"{entry.artifact} changed while it was uploaded")
-        body = json.dumps({"manifest": m, "chunks": i, "chunk": self.chunk, "by": me()}, sort_keys=True).encode()
+        body = json.dumps({"manifest": m, "chunks": i, "chunk": self.chunk, "by": this_process()}, sort_keys=True).encode()
         doc = json.dumps({"body": body.decode(), "sig": self._sign(body)})
         self._do("uploading", self.r.set, f"{PREFIX}man:{key}", doc, ex)
         pipe = self.r.pipeline(transaction=False)
@@ -319,4 +319,3 @@ class Remote:
 
     def clear_failed(self, skey: str) -> None:
         self._do("clearing the build state", self.r.delete, PREFIX + "fail:" + skey)
-

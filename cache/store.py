@@ -1,4 +1,6 @@
-"""The on-disk cache: index files, entries, manifests; atomic publish.
+"""Steps 4 and 7 of a load (the lookup; eviction after a publish): the on-disk
+cache: index files, entries, manifests, build directories; one way to move aside
+(publish.py has the one way in).
 
     <root>/index/<source key>.json      header sets seen for these inputs -> entry
     <root>/entries/<name>-<key16>/      <name>.so + manifest.json (written last)
@@ -22,14 +24,13 @@ import os
 import shutil
 import time
 import uuid
-from contextlib import contextmanager
 from pathlib import Path
 
 from kload.errors import KloadError
 
 from . import (HITS, LAST_USED, MANIFEST, RACY_NS, SCHEMA, Entry, check_private, entry_in_use,  # noqa: F401
                hit_manifest, hit_record_path, read_json, stamp_of)
-from .key import file_sha256, sha256_now, stat_stamp, unchanged
+from .key import sha256_now, unchanged, workspace_key
 
 log = logging.getLogger("kload")
 
@@ -93,6 +94,20 @@ def write_atomic(path: Path, text: str, mode: int = 0o600) -> None:
         except OSError:
             pass
         raise
+
+
+def move_aside(path: Path) -> Path:
+    """Rename ``path`` to a hidden ``.trash-<name>-<random>`` beside it and return that: at
+    once, no reader sees it at its name any more (also a directory that processes still
+    write into: their relative writes follow it). The caller deletes it."""
+    trash = path.with_name(f".trash-{path.name}-{uuid.uuid4().hex[:6]}")
+    os.replace(path, trash)
+    return trash
+
+
+def discard(path: Path) -> None:
+    """:func:`move_aside`, then delete."""
+    shutil.rmtree(move_aside(path), ignore_errors=True)
 
 
 def write_json_atomic(path: Path, obj) -> None:
@@ -234,50 +249,14 @@ class Store:
             return f"{art.name} does not match the manifest's sha256"
         return None
 
-    # -- publish --------------------------------------------------------------
-    def publish(self, *, name: str, skey: str, key: str, headers: dict, stamps: dict, built_artifact: Path,
-                manifest: dict) -> Entry:
-        """Move a freshly built artifact into its entry; manifest, then index, last.
+    def build_dir(self, name: str, inputs: dict) -> Path:
+        """The persistent ninja directory of a library's key inputs (its objects survive
+        edits of the sources); its build lock is ``locks/<same name>.lock``."""
+        return self.builds / f"{name}-{workspace_key(inputs)[:12]}"
 
-        The artifact is moved with ``os.replace`` (same inode), so a process that
-        loaded it from the build directory keeps a valid mapping.
-        """
-        dest = self.entries / f"{name}-{key[:16]}"
-        if dest.exists():  # a half-published or damaged entry for this very key
-            trash = self.entries / f".trash-{dest.name}-{uuid.uuid4().hex[:6]}"
-            os.replace(dest, trash)
-            shutil.rmtree(trash, ignore_errors=True)
-        dest.mkdir(mode=0o700)
-        try:
-            entry = self._fill(dest, name, skey, key, headers, stamps, built_artifact, manifest)
-        except OSError:
-            shutil.rmtree(dest, ignore_errors=True)  # never leave half an entry
-            raise
-        return entry
-
-    def _fill(self, dest, name, skey, key, headers, stamps, built_artifact, manifest) -> Entry:
-        artifact = dest / built_artifact.name
-        os.replace(built_artifact, artifact)
-        os.chmod(artifact, 0o700)
-        full = dict(manifest)
-        full.update(
-            schema=SCHEMA,
-            name=name,
-            key=key,
-            source_key=skey,
-            headers=headers,
-            artifact=artifact.name,
-            size=artifact.stat().st_size,
-            sha256=file_sha256(str(artifact)),
-            stat=stat_stamp(str(artifact)),
-            created=time.time(),
-        )
-        write_json_atomic(dest / MANIFEST, full)
-        os.close(os.open(dest / LAST_USED, os.O_WRONLY | os.O_CREAT, 0o600))
-        self._add_candidate(skey, {"key": key, "entry": dest.name, "headers": headers, "stamps": stamps})
-        return Entry(dest, full)
-
-    def _add_candidate(self, skey: str, cand: dict) -> None:
+    # -- the index (cache/publish.py adds entries) ------------------------------
+    def add_candidate(self, skey: str, cand: dict) -> None:
+        """Add (or replace, by key) one entry among those of source key ``skey``."""
         path = self.index / f"{skey}.json"
         idx = read_json(path) or {"candidates": []}
         cands = [c for c in idx.get("candidates", []) if c.get("key") != cand["key"]]
@@ -315,9 +294,8 @@ class Store:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 except OSError:
                     return False  # being loaded right now
-            trash = self.entries / f".trash-{entry.path.name}-{uuid.uuid4().hex[:6]}"
             try:
-                os.replace(entry.path, trash)
+                trash = move_aside(entry.path)
             except OSError:
                 return False
         finally:
@@ -325,6 +303,19 @@ class Store:
                 os.close(fd)
         shutil.rmtree(trash, ignore_errors=True)
         return True
+
+    def evict_after_publish(self, keep: str, max_size: str) -> None:
+        """After ``keep`` (an entry's directory name) was published: evict least-recently-used
+        entries down to ``max_size`` (KLOAD_CACHE_MAX_SIZE's text). A bad value is said and
+        ignored: it must not fail a build that succeeded."""
+        try:
+            limit = parse_size(max_size)
+        except ValueError as e:
+            log.warning("%s; KLOAD_CACHE_MAX_SIZE is ignored", e)
+            return
+        if limit is not None:
+            for gone in self.evict_to(limit, keep={keep}):
+                log.info("kload: evicted %s (least recently used; KLOAD_CACHE_MAX_SIZE)", gone.path.name)
 
     def evict_to(self, max_bytes: int, keep: set[str] = frozenset()) -> list[Entry]:
         """Remove least-recently-used entries until the entries total at most

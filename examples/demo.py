@@ -71,10 +71,10 @@ def live_edit(a, b) -> None:
     import shutil
     import tempfile
 
-    from kload import precompile
+    from kload import pch_build
 
     t = time.perf_counter()
-    precompile.wait(timeout=600)  # the background build of <kload/kernel.h> the first compile started
+    pch_build.wait(timeout=600)  # the background build of <kload/kernel.h> the first compile started
     print(f"precompiled <kload/kernel.h> ready ({time.perf_counter() - t:.1f} s more wait)")
     src = Path(tempfile.mkdtemp(prefix="kload-demo-")) / "vector_add.cpp"
     shutil.copy(HERE / "vector_add.cpp", src)

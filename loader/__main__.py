@@ -23,36 +23,40 @@ import time
 from pathlib import Path
 
 from . import knobs
-from .cli_cache import _human, cmd_clear, cmd_info, cmd_list, cmd_prune, cmd_verify
+from .cli_cache import cmd_clear, cmd_info, cmd_list, cmd_prune, cmd_verify, human_size
 from .cli_cache import cmd_export, cmd_import
 from .errors import KloadError
 
 
 # -- build / explain ---------------------------------------------------------------------
 
-def _handle(args, sources=None):
-    from .api import load
+def _options(args, sources=None):
+    """The options of ``kload.load`` for these command-line arguments (validated as it does)."""
+    from .options import make_options, source_paths
 
-    return load(*(sources or args.sources), name=args.name, extra_cflags=sum((shlex.split(f) for f in args.cflags), []),
-                extra_cuda_cflags=sum((shlex.split(f) for f in args.cuda_cflags), []),
-                extra_ldflags=sum((shlex.split(f) for f in args.ldflags), []),
-                extra_include_paths=args.include, debug=True if args.debug else None, reload=False)
+    return make_options(args.name, source_paths(list(sources or args.sources)),
+                        sum((shlex.split(f) for f in args.cflags), []),
+                        sum((shlex.split(f) for f in args.cuda_cflags), []),
+                        sum((shlex.split(f) for f in args.ldflags), []),
+                        args.include, verbose=False, debug=True if args.debug else None, reload=False)
+
+
+def _handle(args):
+    from .handle import Handle
+
+    return Handle(_options(args))
 
 
 def cmd_build(args) -> int:
-    from .handle import HISTORY
-
     if args.pch:
         _precompile(args)
         if not args.sources:
             return 0
     elif not args.sources:
         raise KloadError("kload: build needs SOURCES (or --pch alone, to precompile <kload/kernel.h>)")
-    h = _handle(args)
-    path = h.build()
-    last = HISTORY[-1]
-    how = f"built in {last['seconds']:.1f} s" if last["how"] == "built" else "already in the cache"
-    print(f"{args.name or Path(args.sources[0]).stem}: {how}: {path}")
+    built = _handle(args).build()
+    how = f"built in {built.seconds:.1f} s" if built.how == "built" else "already in the cache"
+    print(f"{args.name or Path(args.sources[0]).stem}: {how}: {built}")
     return 0
 
 
@@ -63,12 +67,12 @@ def _precompile(args) -> None:
 
     from .api import cell_pch_source
     from .pch import not_applicable, plans_for
-    from .plan import plan
-    from .precompile import build as build_pch
+    from .plan import make_plan
+    from .pch_build import build as build_pch
 
     store = Store(knobs.cache_dir())
     store.prepare()
-    p = plan(_handle(args, args.sources or [cell_pch_source()])._opts, store)
+    p = make_plan(_options(args, args.sources or [cell_pch_source()]), store)
     plans = plans_for(p, store)
     if not plans:
         why = not_applicable(p) or "no source starts with #include <kload/kernel.h> or <torch/extension.h>"
@@ -76,7 +80,7 @@ def _precompile(args) -> None:
     for pp in plans:
         t = time.perf_counter()
         entry = build_pch(pp.spec, wait=True)
-        print(f"precompiled <{pp.header}> ({_human(entry.manifest['size'])}) in {time.perf_counter() - t:.1f} s: "
+        print(f"precompiled <{pp.header}> ({human_size(entry.manifest['size'])}) in {time.perf_counter() - t:.1f} s: "
               f"{entry.path}")
 
 
@@ -86,12 +90,12 @@ def cmd_explain(args) -> int:
     if not args.sources:
         raise KloadError("kload: explain needs SOURCES")
     from .explain import explain_plan
-    from .plan import plan
+    from .plan import make_plan
 
-    h = _handle(args)
+    opts = _options(args)
     store = Store(knobs.cache_dir())
     store.check_root()
-    print(explain_plan(plan(h._opts, store), store).text())
+    print(explain_plan(make_plan(opts, store), store).text())
     return 0
 
 

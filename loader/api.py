@@ -1,36 +1,75 @@
-"""Step 8 of a load, the front door: ``kload.load`` (files) and
+"""Step 1 of a load, the front door: ``kload.load`` (files) and
 ``kload.load_inline`` (strings, written once into the cache). ``load`` is on the
 hit path of a fresh process: it validates (options.py) and returns a Handle;
 nothing is hashed or compiled until the first op is used.
 """
 from __future__ import annotations
 
+import os
+from collections.abc import Sequence  # already imported by the interpreter; typing is not
 from pathlib import Path
 
 from . import knobs
 from .handle import Handle
-from .options import check_name, make_options, resolve_paths
+from .options import check_name, make_options, source_paths
 
 
-def load(*sources, name=None, extra_cflags=(), extra_cuda_cflags=(), extra_ldflags=(),
-         extra_include_paths=(), verbose=False, debug=None, reload=None) -> "Handle":
+def load(
+    *sources: str | Path | Sequence[str | Path],
+    name: str | None = None,
+    extra_cflags: Sequence[str] | None = (),
+    extra_cuda_cflags: Sequence[str] | None = (),
+    extra_ldflags: Sequence[str] | None = (),
+    extra_include_paths: Sequence[str | os.PathLike] | None = (),
+    verbose: bool = False,
+    debug: bool | None = None,
+    reload: bool | None = None,
+) -> Handle:
     """A handle to the ops in ``sources`` (.cpp/.cu); nothing compiles until first use.
 
-    ``debug=True`` builds with ``-g -O0`` (CUDA: ``-G``) into an entry of its own
-    (default: ``KLOAD_DEBUG``). ``reload=True`` watches the sources and the headers
-    they include, and the next access after a save runs the new code (default:
-    ``KLOAD_RELOAD``, else on in IPython/Jupyter and interactive sessions).
-    Missing files, unsupported suffixes and malformed options raise here, at once.
+    Missing files, unsupported suffixes and malformed options raise here, at once;
+    a compile error (:class:`kload.CompileError`) raises at the first use.
+
+    Args:
+        *sources: The source files, each a ``str`` or ``pathlib.Path``, relative to
+            the working directory or absolute (``~`` expanded); one list or tuple of
+            them is accepted as the only argument. Suffixes: .cpp, .cc, .cxx, .c++,
+            .c, .cu (headers are found through ``#include``).
+        name: The library's name, a C identifier. Default: the first source's file
+            stem, with characters that are not letters, digits or ``_`` made ``_``.
+        extra_cflags: Flags for the C++ compiler. None: none.
+        extra_cuda_cflags: Flags for nvcc. None: none.
+        extra_ldflags: Flags for the linker. None: none.
+        extra_include_paths: Directories to search for headers, each a ``str`` or
+            ``os.PathLike`` (made absolute, ``~`` expanded). None: none.
+        verbose: Pass the compile commands and compiler output through to the terminal.
+        debug: Build with ``-g -O0`` (CUDA: ``-G``), into a cache entry of its own.
+            None: ``KLOAD_DEBUG``.
+        reload: Watch the sources and the headers they include; the next access after
+            a save runs the new code. None: ``KLOAD_RELOAD``, else on in
+            IPython/Jupyter and interactive sessions.
+
+    Returns:
+        A :class:`kload.Handle`, nothing hashed or compiled yet: the first op access
+        (or ``.load()``, ``.build()``) builds or finds the library in the cache.
+
+    Raises:
+        FileNotFoundError: A source file or an include directory does not exist.
+        KloadError: A source has an unsupported suffix, is listed twice, or shares
+            its file name with another C++ source; or no source was given.
+        TypeError: A source is not a ``str`` or ``Path``; a flag argument is a
+            string rather than a list, or holds something other than strings.
+        ValueError: ``name`` (given or derived) is not a C identifier.
     """
     if len(sources) == 1 and isinstance(sources[0], (list, tuple)):
         sources = tuple(sources[0])
-    paths = resolve_paths(list(sources))
+    paths = source_paths(list(sources))
     opts = make_options(name, paths, extra_cflags, extra_cuda_cflags, extra_ldflags,
                         extra_include_paths, verbose, debug, reload)
     return Handle(opts)
 
 
-def _as_text(value, what: str) -> str:
+def _as_text(value: str | Sequence[str] | None, what: str) -> str:
     if value is None:
         return ""
     if isinstance(value, str):
@@ -82,8 +121,49 @@ def write_files(folder: Path, files: dict[str, str]) -> dict[str, Path]:
     return out
 
 
-def load_inline(name, cpp_sources, cuda_sources=None, **options) -> Handle:
-    """A handle to ops given as source strings (written once into the cache)."""
+def load_inline(
+    name: str,
+    cpp_sources: str | Sequence[str] | None,
+    cuda_sources: str | Sequence[str] | None = None,
+    *,
+    extra_cflags: Sequence[str] | None = (),
+    extra_cuda_cflags: Sequence[str] | None = (),
+    extra_ldflags: Sequence[str] | None = (),
+    extra_include_paths: Sequence[str | os.PathLike] | None = (),
+    verbose: bool = False,
+    debug: bool | None = None,
+    reload: bool | None = False,  # strings do not change on disk
+) -> Handle:
+    """A handle to ops given as source strings (written once into the cache).
+
+    The strings are written, unless already there, to ``<cache>/inline/<name>-<hash>/``
+    as ``<name>.cpp`` and ``<name>_cuda.cu``; a source without any ``#include`` gets
+    ``<kload/kernel.h>`` (``<kload/stable.h>`` for stable-ABI code,
+    ``<torch/extension.h>`` if it has ``PYBIND11_MODULE``). Then as :func:`load`.
+
+    Args:
+        name: The library's name, a C identifier (also names the files).
+        cpp_sources: C++ source: a string, or a list or tuple of strings joined by
+            newlines. None or blank: no C++ file.
+        cuda_sources: CUDA source, the same way. None or blank: no .cu file.
+        extra_cflags: As for :func:`load`.
+        extra_cuda_cflags: As for :func:`load`.
+        extra_ldflags: As for :func:`load`.
+        extra_include_paths: As for :func:`load`.
+        verbose: As for :func:`load`.
+        debug: As for :func:`load`.
+        reload: As for :func:`load`, but off by default. None: ``KLOAD_RELOAD``.
+
+    Returns:
+        A :class:`kload.Handle`, nothing compiled yet (the files are written).
+
+    Raises:
+        ValueError: ``name`` is not a C identifier.
+        TypeError: A source is neither a string nor a list of strings; or a flag
+            argument is malformed, as for :func:`load`.
+        KloadError: Both ``cpp_sources`` and ``cuda_sources`` are empty.
+        FileNotFoundError: An include directory does not exist.
+    """
     check_name(name)
     cpp = _as_text(cpp_sources, "cpp_sources")
     cuda = _as_text(cuda_sources, "cuda_sources")
@@ -97,8 +177,9 @@ def load_inline(name, cpp_sources, cuda_sources=None, **options) -> Handle:
     if cuda.strip():
         files[f"{name}_cuda.cu"] = default_header(cuda) + cuda
     paths = write_files(inline_folder(name, files), files)
-    options.setdefault("reload", False)  # strings do not change on disk
-    return load(*paths.values(), name=name, **options)
+    return load(*paths.values(), name=name, extra_cflags=extra_cflags, extra_cuda_cflags=extra_cuda_cflags,
+                extra_ldflags=extra_ldflags, extra_include_paths=extra_include_paths, verbose=verbose,
+                debug=debug, reload=reload)
 
 
 PCH_CELL = "#include <kload/kernel.h>\nKLOAD_LIBRARY(m) {}\n"

@@ -1,10 +1,11 @@
-"""From a plan to a published cache entry, on a miss: lock, look up again,
-compile with torch.utils.cpp_extension.load, read the header closure, publish.
+"""Step 6 of a load, the compile (obtain.py calls it under the build lock): the
+plan's persistent build directory, torch.utils.cpp_extension.load on it (torchbuild.py)
+with the precompiled headers (pch.py) and the toolchain's link flags (linking.py),
+then the header closure and the full key. Publishing (step 7) is obtain.py's next call.
 Imported only when something must be compiled.
 """
 from __future__ import annotations
 
-import errno
 import logging
 import os
 import shutil
@@ -13,9 +14,10 @@ import time
 import uuid
 from pathlib import Path
 
-from kload.cache.key import file_sha256, full_key, stat_stamp, workspace_key
-from kload.cache.lock import build_lock
-from kload.cache.store import Entry, Store, read_json, writable_error, write_atomic, write_json_atomic
+from dataclasses import dataclass
+
+from kload.cache.key import file_sha256, full_key, stat_stamp
+from kload.cache.store import Store, move_aside, read_json, write_atomic, write_json_atomic
 
 from . import knobs, linking, pch, toolchain, torchbuild
 from .errors import CompileError, KloadError
@@ -45,7 +47,7 @@ def ninja_deps(ws: Path) -> dict[str, list[str]]:
     return deps
 
 
-def header_closure(ws: Path, plan_: Plan, deps: dict[str, list[str]], pchs: pch.Use
+def header_closure(ws: Path, plan: Plan, deps: dict[str, list[str]], pchs: pch.Use
                    ) -> tuple[dict[str, str], dict[str, list | None]]:
     """Every local header the compiler read, with its content hash and stat stamp.
     A precompiled header's stub and .gch are left out (the PCH key covers them);
@@ -54,8 +56,8 @@ def header_closure(ws: Path, plan_: Plan, deps: dict[str, list[str]], pchs: pch.
     if not deps:
         raise KloadError(f"kload: ninja recorded no header dependencies in {ws}; refusing to cache a build "
                          "whose inputs cannot all be seen")
-    skip = {str(p) for p in plan_.built}
-    system = toolchain.system_prefixes(plan_.with_cuda) + pchs.prefixes()
+    skip = {str(p) for p in plan.built}
+    system = toolchain.system_prefixes(plan.with_cuda) + pchs.prefixes()
     headers: dict[str, str] = {}
     stamps: dict[str, list | None] = {}
     for p in sorted({p for files in deps.values() for p in files} | pchs.headers_used()):
@@ -104,49 +106,56 @@ def forget_stale_objects(ws: Path) -> None:
                 pass
 
 
-def compile_plan(plan_: Plan, store: Store) -> tuple[Entry, float]:
-    """Compile under the build lock (the caller has looked the key up already).
+@dataclass(frozen=True)
+class Compiled:
+    """A finished compile, ready to publish: the artifact in the build directory, the
+    header closure it read, its full key and its manifest."""
 
-    Returns the published entry and the seconds the compile took (0.0 when
-    another process published it while this one waited for the lock).
-    torch.utils.cpp_extension.load also loads the library it built; publishing
-    moves that very file (same inode), so loading the entry afterwards finds the
-    library already mapped and registers nothing twice.
-    """
+    artifact: Path
+    key: str
+    headers: dict[str, str]
+    stamps: dict[str, list | None]
+    manifest: dict
+    seconds: float
+
+
+def compile(plan: Plan, store: Store, ws: Path) -> Compiled:
+    """Compile ``plan`` in its build directory ``ws`` (the build lock is held).
+
+    torch.utils.cpp_extension.load also loads the library it built; publishing moves
+    that very file (same inode), so loading the entry afterwards finds the library
+    already mapped and registers nothing twice."""
+    link = link_flags(plan, store)
     try:
-        try:
-            return _compile_locked(plan_, store)
-        except CompileError as e:
-            if not _fast_link_failed(plan_, store, e):
-                raise
-            # gold passed the toolchain probe but failed this link: once more without it
-            # (ninja relinks only: the linker is not in the key), before any error is shown,
-            # and never with gold again for this toolchain
-            from .progress import say
+        return _compile(plan, store, ws, link)
+    except CompileError as e:
+        if not _fast_link_failed(plan, link, e):
+            raise
+        error = _link_error(e)
+    # gold passed the toolchain probe but failed this link: once more without it (ninja
+    # relinks only: the linker is not in the key), before any error is shown, and never
+    # with gold again for this toolchain
+    from .progress import say
 
-            linking.forget_fast_linker(plan_.inputs["cxx"], list(plan_.opts.ldflags), store.root)
-            say(f"kload: gold failed to link {plan_.name} ({_link_error(e)}); linking again with the "
-                "compiler's default linker, and without gold from now on", warning=True)
-            return _compile_locked(plan_, store)
-    except OSError as e:
-        if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM):
-            raise writable_error(store.root, e) from None
-        raise
+    linking.forget_fast_linker(plan.cxx, list(plan.opts.ldflags), store.root)
+    say(f"kload: gold failed to link {plan.name} ({error}); linking again with the "
+        "compiler's default linker, and without gold from now on", warning=True)
+    return _compile(plan, store, ws, link_flags(plan, store))
 
 
-def link_flags(plan_: Plan, store: Store) -> list[str]:
+def link_flags(plan: Plan, store: Store) -> list[str]:
     """What this toolchain's link needs beyond the plan's flags (linking.py: gold where it
     links, the shared C++ runtime where -lstdc++ would find only libstdc++.a); probed once
     per toolchain, when something is compiled (a lookup, even a full one, probes nothing)."""
-    picked = any(f.startswith("-fuse-ld") for f in plan_.opts.ldflags)
-    link = linking.link_facts(plan_.inputs["cxx"], list(plan_.opts.ldflags), store.root,
+    picked = any(f.startswith("-fuse-ld") for f in plan.opts.ldflags)
+    link = linking.link_facts(plan.cxx, list(plan.opts.ldflags), store.root,
                               knobs.fast_link() and not picked)
     return link.runtime_flags + ([linking.FAST_LINKER] if link.fast_linker else [])
 
 
-def _fast_link_failed(plan_: Plan, store: Store, e: CompileError) -> bool:
+def _fast_link_failed(plan: Plan, link: list[str], e: CompileError) -> bool:
     """Whether a failed build got as far as its link, with gold, and gold failed it."""
-    return (linking.FAST_LINKER in link_flags(plan_, store) and f"FAILED: {plan_.name}" in e.raw
+    return (linking.FAST_LINKER in link and f"FAILED: {plan.name}" in e.raw
             and ("ld.gold" in e.raw or "gold:" in e.raw))
 
 
@@ -167,39 +176,15 @@ def _reset_interrupted(ws: Path, name: str) -> None:
     if not marker.exists():
         return
     holder = marker.read_text(errors="replace").strip()
-    trash = ws.with_name(f".trash-{ws.name}-{uuid.uuid4().hex[:6]}")
-    os.replace(ws, trash)
+    trash = move_aside(ws)
     log.warning("kload: the last build of %s (%s) was interrupted; starting it again from a clean directory",
                 name, holder or "unknown process")
     shutil.rmtree(trash, ignore_errors=True)
 
 
-def workspace(plan_: Plan, store: Store) -> Path:
-    """The plan's persistent ninja directory (its objects survive edits); its lock is
-    ``locks/<same name>.lock``."""
-    return store.builds / f"{plan_.name}-{workspace_key(plan_.inputs)[:12]}"
-
-
-def _compile_locked(plan_: Plan, store: Store) -> tuple[Entry, float]:
-    name = plan_.name
-    ws = workspace(plan_, store)
-    store.prepare()
-    with build_lock(store.locks / f"{ws.name}.lock", name):
-        again = store.lookup(plan_.skey)
-        if again is not None:  # another process built it while we waited
-            return again, 0.0
-        if knobs.remote_cache() is None:
-            return _build(plan_, store, ws)
-        from . import remote  # the shared remote cache (and redis): only when one is set
-
-        return remote.through(plan_, store, lambda: _build(plan_, store, ws))
-
-
-def _build(plan_: Plan, store: Store, ws: Path) -> tuple[Entry, float]:
-    """Compile and publish (the build lock is held)."""
-    name = plan_.name
-    pchs = pch.Use(plan_, store)  # check the precompiled headers (and say if one is damaged)
-    link = link_flags(plan_, store)
+def _compile(plan: Plan, store: Store, ws: Path, link: list[str]) -> Compiled:
+    name = plan.name
+    pchs = pch.PrecompiledHeaders(plan, store)  # check the precompiled headers (and say if one is damaged)
     if ws.exists():
         _reset_interrupted(ws, name)
     ws.mkdir(mode=0o700, exist_ok=True)
@@ -209,9 +194,9 @@ def _build(plan_: Plan, store: Store, ws: Path) -> tuple[Entry, float]:
         os.unlink(ws / "lock")
     except FileNotFoundError:
         pass
-    sources = [str(p) for p in plan_.built]
+    sources = [str(p) for p in plan.built]
     namespace = None
-    if plan_.sources.op_library and not plan_.sources.stable:  # stable ones are named at load
+    if plan.sources.op_library and not plan.sources.stable:  # stable ones are named at load
         namespace = f"kload_{name}_{uuid.uuid4().hex[:10]}"
         ns_src = ws / NS_SOURCE
         write_atomic(
@@ -222,14 +207,13 @@ def _build(plan_: Plan, store: Store, ws: Path) -> tuple[Entry, float]:
             "}}\n",
         )
         sources.append(str(ns_src))
-    standalone = bool(plan_.inputs.get("standalone"))
-    artifact = ws / (name if standalone else f"{name}.so")
+    artifact = ws / (name if plan.standalone else f"{name}.so")
     forget_stale_objects(ws)
     started, since = time.perf_counter(), time.time()
     try:
-        with parallel_jobs(plan_, len(sources)) as jobs, BuildProgress(name, ws, jobs) as progress, \
-                launchers(store, plan_), cuda_toolkit(plan_), pchs.held():
-            registered = torchbuild.run(plan_, ws, sources, pchs.cflags(), link, artifact)
+        with parallel_jobs(plan, len(sources)) as jobs, BuildProgress(name, ws, jobs) as progress, \
+                launchers(store, plan), cuda_toolkit(plan), pchs.held():
+            registered = torchbuild.run(plan, ws, sources, pchs.cflags(), link, artifact)
             seconds = time.perf_counter() - started
             deps = ninja_deps(ws)
             write_compdb(ws)
@@ -240,30 +224,27 @@ def _build(plan_: Plan, store: Store, ws: Path) -> tuple[Entry, float]:
         raise
     finally:
         pchs.start_missing()  # the next edit compiles with them
-    if plan_.sources.stable:
+    if plan.sources.stable:
         torchbuild.check_stable_imports(artifact, name)
-    headers, stamps = header_closure(ws, plan_, deps, pchs)
-    write_json_atomic(ws / RECORD, {**headers, **{s["path"]: s["sha256"] for s in plan_.inputs["sources"]}})
-    key = full_key(plan_.skey, headers)
+    headers, stamps = header_closure(ws, plan, deps, pchs)
+    write_json_atomic(ws / RECORD, {**headers, **{str(s.path): s.sha256 for s in plan.sources.sources
+                                                  if s.path in plan.built}})
     os.unlink(ws / BUILDING)
-    entry = store.publish(
-        name=name, skey=plan_.skey, key=key, headers=headers, stamps=stamps, built_artifact=artifact,
-        manifest={
-            "namespace": namespace,
-            "style": "standalone" if standalone else plan_.sources.style,
-            "python_module": plan_.sources.python_module,
-            # what torch registered when the library loaded (a namespace named through a
-            # macro is a fact of the library, not of its text); else what the text says
-            "fixed_namespaces": registered or plan_.sources.fixed_namespaces,
-            "fixed_ops": plan_.sources.fixed_ops,
-            "cuda_built": plan_.with_cuda,
-            "cuda_skipped": plan_.cuda_skipped,
-            "build_seconds": round(seconds, 3),
-            "stable_target": plan_.inputs["torch"].get("stable_abi"),
-            # every source, built or not (a hit record keeps this, not the inputs)
-            "source_paths": [str(s.path) for s in plan_.sources.sources],
-            "pch": notes,
-            "inputs": plan_.inputs,
-        },
-    )
-    return entry, seconds
+    inputs = plan.key_inputs()
+    return Compiled(artifact, full_key(plan.skey, headers), headers, stamps, seconds=seconds, manifest={
+        "namespace": namespace,
+        "style": "standalone" if plan.standalone else plan.sources.style,
+        "python_module": plan.sources.python_module,
+        # what torch registered when the library loaded (a namespace named through a
+        # macro is a fact of the library, not of its text); else what the text says
+        "fixed_namespaces": registered or plan.sources.fixed_namespaces,
+        "fixed_ops": plan.sources.fixed_ops,
+        "cuda_built": plan.with_cuda,
+        "cuda_skipped": plan.cuda_skipped,
+        "build_seconds": round(seconds, 3),
+        "stable_target": plan.stable_target,
+        # every source, built or not (a hit record keeps this, not the inputs)
+        "source_paths": [str(s.path) for s in plan.sources.sources],
+        "pch": notes,
+        "inputs": inputs,
+    })

@@ -9,9 +9,10 @@ import time
 
 from . import knobs
 from .errors import KloadError
+from .fingerprint import torch_identity
 
 
-def _human(n: float) -> str:
+def human_size(n: float) -> str:
     for unit in ("B", "K", "M", "G", "T"):
         if n < 1024 or unit == "T":
             return f"{n:.0f}{unit}" if unit == "B" else f"{n:.1f}{unit}"
@@ -19,7 +20,7 @@ def _human(n: float) -> str:
     return f"{n}"
 
 
-def _ago(t: float) -> str:
+def time_ago(t: float) -> str:
     d = time.time() - t
     if d < 120:
         return f"{d:.0f} s ago"
@@ -30,7 +31,7 @@ def _ago(t: float) -> str:
     return time.strftime("%Y-%m-%d", time.localtime(t))
 
 
-def _store():
+def open_store():
     from kload.cache.store import Store
 
     store = Store(knobs.cache_dir())
@@ -56,7 +57,7 @@ def _find(store, key: str):
 def cmd_list(args) -> int:
     from kload.cache.store import dir_size
 
-    store = _store()
+    store = open_store()
     entries = sorted(store.all_entries(), key=lambda e: -e.last_used())
     sizes = {e.path.name: dir_size(e.path) for e in entries}
 
@@ -73,14 +74,14 @@ def cmd_list(args) -> int:
     if not entries:
         print("no entries")
         return 0
-    rows = [(e.manifest.get("name", "?"), e.manifest.get("kind", "library"), e.key[:16], _human(sizes[e.path.name]),
-             _ago(e.last_used()), torch_version(e), _compiler(e)) for e in entries]
+    rows = [(e.manifest.get("name", "?"), e.manifest.get("kind", "library"), e.key[:16], human_size(sizes[e.path.name]),
+             time_ago(e.last_used()), torch_version(e), _compiler(e)) for e in entries]
     head = ("NAME", "KIND", "KEY", "SIZE", "LAST USED", "TORCH", "COMPILER")
     widths = [max(len(r[i]) for r in rows + [head]) for i in range(len(head))]
     for r in [head] + rows:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
-    print(f"{len(entries)} entries, {_human(sum(sizes.values()))} "
-          f"(limit {os.environ.get('KLOAD_CACHE_MAX_SIZE') or knobs.DEFAULT_MAX_SIZE})")
+    print(f"{len(entries)} entries, {human_size(sum(sizes.values()))} "
+          f"(limit {knobs.cache_max_size()})")
     return 0
 
 
@@ -93,7 +94,7 @@ def _compiler(e) -> str:
 def cmd_info(args) -> int:
     from kload.cache.store import dir_size
 
-    store = _store()
+    store = open_store()
     e = _find(store, args.key)
     m = e.manifest
     info = {
@@ -112,7 +113,7 @@ def cmd_info(args) -> int:
 def cmd_verify(args) -> int:
     from kload.cache.store import MANIFEST, Entry, read_json
 
-    store = _store()
+    store = open_store()
     ok = bad = 0
     try:
         names = sorted(n for n in os.listdir(store.entries) if not n.startswith("."))
@@ -144,7 +145,7 @@ def cmd_prune(args) -> int:
 
     if args.max_size is None and args.older_than is None:
         raise KloadError("kload: cache prune needs --max-size SIZE and/or --older-than DAYS")
-    store = _store()
+    store = open_store()
     used = {e.path.name: e.last_used() for e in store.all_entries()}
     removed = []
     if args.older_than is not None:
@@ -162,10 +163,10 @@ def cmd_prune(args) -> int:
             sizes = {e.path.name: dir_size(e.path) for e in store.all_entries()}
             removed += [(e, sizes.get(e.path.name, 0)) for e in store.evict_to(limit)]
     for e, size in removed:
-        print(f"removed {e.path.name} ({_human(size)}, last used {_ago(used.get(e.path.name, 0))})")
+        print(f"removed {e.path.name} ({human_size(size)}, last used {time_ago(used.get(e.path.name, 0))})")
     left = store.all_entries()
-    print(f"removed {len(removed)} entries, {_human(sum(s for _, s in removed))}; "
-          f"{len(left)} left, {_human(sum(dir_size(e.path) for e in left))} "
+    print(f"removed {len(removed)} entries, {human_size(sum(s for _, s in removed))}; "
+          f"{len(left)} left, {human_size(sum(dir_size(e.path) for e in left))} "
           f"(entries used in the last {GRACE / 60:.0f} minutes or being loaded are kept)")
     return 0
 
@@ -173,7 +174,7 @@ def cmd_prune(args) -> int:
 def cmd_clear(args) -> int:
     from filelock import FileLock, Timeout
 
-    store = _store()
+    store = open_store()
     n = kept = 0
     for e in store.all_entries():
         if store.remove(e, force_recent=True):
@@ -210,7 +211,7 @@ def cmd_clear(args) -> int:
 
 # -- bundles (cache/bundle.py) ------------------------------------------------------------
 
-def _select(store, names, every: bool, latest: bool) -> list:
+def select_entries(store, names, every: bool, latest: bool) -> list:
     """``--all``: every library entry. Else each NAME is a library name (all its entries;
     with ``--latest`` the newest build only) or, failing that, a key prefix or entry
     name as ``cache info`` takes it."""
@@ -238,8 +239,8 @@ def cmd_export(args) -> int:
 
     from kload.cache.bundle import export
 
-    store = _store()
-    entries = _select(store, args.names, args.all, args.latest)
+    store = open_store()
+    entries = select_entries(store, args.names, args.all, args.latest)
     try:
         mine = version("kload")
     except PackageNotFoundError:
@@ -247,8 +248,8 @@ def cmd_export(args) -> int:
     out = Path(args.output)
     manifest = export(store, entries, out, mine)
     for e in entries:
-        print(f"exported {e.path.name} ({_human(e.manifest.get('size', 0))})")
-    print(f"wrote {out}: {len(manifest['entries'])} entries, {_human(out.stat().st_size)}")
+        print(f"exported {e.path.name} ({human_size(e.manifest.get('size', 0))})")
+    print(f"wrote {out}: {len(manifest['entries'])} entries, {human_size(out.stat().st_size)}")
     return 0
 
 
@@ -257,13 +258,13 @@ def cmd_import(args) -> int:
 
     from kload.cache.bundle import import_bundle
 
-    store = _store()
+    store = open_store()
     results = import_bundle(store, Path(args.bundle))
     for r in results:
         print(f"imported {r['dir']}" if r["status"] == "imported"
               else f"skipped  {r['dir']}: already present in the cache")
         torch = r.get("torch") or {}  # a stable-ABI entry has no torch version in its key
-        here = knobs.torch_identity() if "version" in torch else {}  # imports torch: only when needed
+        here = torch_identity() if "version" in torch else {}  # imports torch: only when needed
         if here and (torch["version"], torch.get("git")) != (here["version"], here["git"]):
             print(f"  warning: built for torch {torch['version']}, this is torch {here['version']}: "
                   "loads here will not find it")

@@ -7,16 +7,16 @@ import json
 from kload.cache.remote import Refused, Remote, RemoteError
 
 from . import knobs
-from .cli_cache import _ago, _human, _select, _store
+from .cli_cache import human_size, open_store, select_entries, time_ago
 from .errors import KloadError
-from .remote import make, upload
+from .remote import client_for, upload
 
 
 def _remote() -> Remote:
     url = knobs.remote_cache()
     if url is None:
         raise KloadError("kload: no remote cache: set KLOAD_REMOTE_CACHE=redis://HOST:PORT/DB")
-    return make(url)
+    return client_for(url)
 
 
 def _unusable(r: Remote, e: RemoteError) -> KloadError:
@@ -25,15 +25,15 @@ def _unusable(r: Remote, e: RemoteError) -> KloadError:
 
 def cmd_push(args) -> int:
     """Upload local entries (NAMEs or key prefixes; none: every library entry)."""
-    store = _store()
-    entries = _select(store, args.names, not args.names, False)
+    store = open_store()
+    entries = select_entries(store, args.names, not args.names, False)
     r = _remote()
     for e in entries:
         try:
             upload(r, e)
         except RemoteError as err:
             raise _unusable(r, err) from None
-        print(f"pushed {e.path.name} ({_human(e.manifest.get('size', 0))}) to {r.where}"
+        print(f"pushed {e.path.name} ({human_size(e.manifest.get('size', 0))}) to {r.where}"
               + ("" if r.secret else " unsigned (KLOAD_REMOTE_CACHE_KEY is not set)"))
     return 0
 
@@ -56,7 +56,7 @@ def cmd_pull(args) -> int:
         if not found:
             raise KloadError(f"kload: no entry on {r.where} matches {' '.join(args.names)} "
                              "(see `kload cache list --remote`)")
-    store = _store()
+    store = open_store()
     pulled = refused = 0
     for e in found:
         try:
@@ -69,7 +69,7 @@ def cmd_pull(args) -> int:
             raise _unusable(r, err) from None
         if got is not None:  # None: it left the server since it was listed
             pulled += 1
-            print(f"pulled  {got.path.name} ({_human(got.manifest.get('size', 0))})")
+            print(f"pulled  {got.path.name} ({human_size(got.manifest.get('size', 0))})")
     print(f"pulled {pulled} entries from {r.where} into {store.root}" + (f"; refused {refused}" if refused else ""))
     return 1 if refused else 0
 
@@ -81,12 +81,12 @@ def cmd_list_remote(args) -> int:
         print(json.dumps(found, indent=1))
         return 0
     print(f"remote cache: {r.where}")
-    rows = [(str(e.get("name")), e["key"][:16], _human(e.get("size") or 0), "yes" if e.get("signed") else "no",
-             _ago(e["created"]) if e.get("created") else "?", str(e.get("by") or "?"),
+    rows = [(str(e.get("name")), e["key"][:16], human_size(e.get("size") or 0), "yes" if e.get("signed") else "no",
+             time_ago(e["created"]) if e.get("created") else "?", str(e.get("by") or "?"),
              str((e.get("torch") or {}).get("version", "-"))) for e in found if not e.get("unreadable")]
     head = ("NAME", "KEY", "SIZE", "SIGNED", "BUILT", "BY", "TORCH")
     widths = [max(len(row[i]) for row in rows + [head]) for i in range(len(head))]
     for row in [head] + rows:
         print("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
-    print(f"{len(rows)} entries, {_human(sum(e.get('size') or 0 for e in found))}")
+    print(f"{len(rows)} entries, {human_size(sum(e.get('size') or 0 for e in found))}")
     return 0

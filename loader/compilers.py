@@ -1,6 +1,6 @@
-"""The compilers a build runs, set up for it: a compiler cache in front of g++ or
-nvcc when the launcher knobs ask for one, and for CUDA sources the real toolkit and
-an architecture list. Context managers that build.py enters around torch's loader.
+"""Step 6 of a load (the compile): the compilers a build runs, set up for it: a
+compiler cache in front of g++ or nvcc when the launcher knobs ask for one, and for
+CUDA sources the real toolkit and an architecture list. Context managers that build.py enters around torch's loader.
 """
 from __future__ import annotations
 
@@ -15,27 +15,28 @@ from kload.cache.store import Store, write_atomic
 
 from . import knobs, toolchain
 from .errors import KloadError
+from .fingerprint import cxx_command
 from .plan import Plan
 
 
 @contextmanager
-def launchers(store: Store, plan_: Plan):
+def launchers(store: Store, plan: Plan):
     """Put KLOAD_CXX_LAUNCHER / KLOAD_NVCC_LAUNCHER (ccache, sccache) in front of the
     compilers for this build. torch reads CXX (a command it also runs on its own,
     so it must be one executable: a two-line wrapper script) and PYTORCH_NVCC.
     Recent torch puts ccache/sccache in front on its own whenever one is on PATH;
     kload turns that off (TORCH_NO_COMPILER_WRAPPER), so that a compiler cache is
     used when the launcher knobs ask for one, and only then."""
-    saved = {k: os.environ.get(k) for k in ("CXX", "PYTORCH_NVCC", "TORCH_NO_COMPILER_WRAPPER")}
-    try:
-        os.environ["TORCH_NO_COMPILER_WRAPPER"] = "1"
+    # CXX and PYTORCH_NVCC as they are now, back after the build
+    with knobs.scoped(TORCH_NO_COMPILER_WRAPPER="1", CXX=os.environ.get("CXX"),
+                      PYTORCH_NVCC=os.environ.get("PYTORCH_NVCC")):
         cxx_l = knobs.cxx_launcher()
         if cxx_l:
-            real = shutil.which(toolchain.cxx_command())
+            real = shutil.which(cxx_command())
             launcher = shutil.which(cxx_l)
             if not real or not launcher:
                 raise KloadError(f"kload: KLOAD_CXX_LAUNCHER={cxx_l!r}: not found on PATH" if not launcher
-                                 else f"kload: compiler {toolchain.cxx_command()!r} not found on PATH")
+                                 else f"kload: compiler {cxx_command()!r} not found on PATH")
             text = f'#!/bin/sh\nexec {shlex.quote(launcher)} {shlex.quote(real)} "$@"\n'
             d = store.root / "launchers" / hashlib.sha256(text.encode()).hexdigest()[:12]
             wrapper = d / "c++"  # torch accepts a compiler by this name
@@ -44,59 +45,40 @@ def launchers(store: Store, plan_: Plan):
                 write_atomic(wrapper, text, mode=0o700)
             os.environ["CXX"] = str(wrapper)
         nvcc_l = knobs.nvcc_launcher()
-        if nvcc_l and plan_.with_cuda:
+        if nvcc_l and plan.with_cuda:
             nvcc = os.environ.get("PYTORCH_NVCC") or str(Path(toolchain.find_cuda_home(), "bin", "nvcc"))
             os.environ["PYTORCH_NVCC"] = f"{nvcc_l} {nvcc}"
         yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 @contextmanager
-def cuda_toolkit(plan_: Plan):
+def cuda_toolkit(plan: Plan):
     """For a build with CUDA sources: point torch's loader at the real toolkit (it
     fixes CUDA_HOME at import, from the nvcc on PATH, which may be a wrapper), and
     give it an architecture list where there is no GPU to ask."""
-    if not plan_.with_cuda:
+    if not plan.with_cuda:
         yield
         return
     from torch.utils import cpp_extension
 
     home = toolchain.find_cuda_home()
-    saved_home, saved_arch = cpp_extension.CUDA_HOME, os.environ.get("TORCH_CUDA_ARCH_LIST")
-    arch = plan_.inputs.get("cuda_arch", "")
+    saved_home = cpp_extension.CUDA_HOME
+    where, archs = plan.cuda_archs.origin, plan.cuda_archs.archs
     try:
         cpp_extension.CUDA_HOME = home
-        where, _, archs = arch.partition(":")
-        if where in ("default", "detected"):
-            from .progress import say
+        # torch's loader, left to itself, adds +PTX to what it detects: one cubin for the
+        # GPU here is all a JIT build needs (cicc and ptxas run once per target)
+        chosen = archs if where in ("default", "detected") else os.environ.get("TORCH_CUDA_ARCH_LIST")
+        with knobs.scoped(TORCH_CUDA_ARCH_LIST=chosen):
+            if where in ("default", "detected"):
+                from .progress import say
 
-            # torch's loader, left to itself, adds +PTX to what it detects: one cubin for
-            # the GPU here is all a JIT build needs (cicc and ptxas run once per target)
-            os.environ["TORCH_CUDA_ARCH_LIST"] = archs
-            say(f"kload: TORCH_CUDA_ARCH_LIST is unset: building {plan_.name}'s CUDA code for {archs} "
-                + ("only, the GPU here" if where == "detected" else "(no GPU here)")
-                + " (set TORCH_CUDA_ARCH_LIST for other GPUs)")
-        yield
+                say(f"kload: TORCH_CUDA_ARCH_LIST is unset: building {plan.name}'s CUDA code for {archs} "
+                    + ("only, the GPU here" if where == "detected" else "(no GPU here)")
+                    + " (set TORCH_CUDA_ARCH_LIST for other GPUs)")
+            yield
     finally:
         cpp_extension.CUDA_HOME = saved_home
-        if saved_arch is None:
-            os.environ.pop("TORCH_CUDA_ARCH_LIST", None)
-        else:
-            os.environ["TORCH_CUDA_ARCH_LIST"] = saved_arch
-
-
-def nvcc_threads(flags: list[str]) -> list[str]:
-    """nvcc compiles each architecture of TORCH_CUDA_ARCH_LIST in turn (cicc, then
-    ptxas); ``--threads`` runs them side by side. Not part of the key (same output)."""
-    archs = [a for a in os.environ.get("TORCH_CUDA_ARCH_LIST", "").replace(";", " ").split() if a]
-    n = min(len(archs), len(os.sched_getaffinity(0)))
-    mine = any(f.split("=")[0] in ("-t", "--threads") for f in flags)
-    return [f"--threads={n}"] if n > 1 and not mine else []
 
 
 # Peak memory of one compile (measured: a <kload/stable.h> TU ~0.3 GB, <kload/kernel.h>
@@ -128,12 +110,12 @@ def free_memory() -> int | None:
     return avail
 
 
-def job_memory(plan_: Plan) -> float:
+def job_memory(plan: Plan) -> float:
     """What one compile of this plan is expected to need at its peak."""
-    s = plan_.sources
+    s = plan.sources
     if s.stable:
         return JOB_MEMORY["stable"]
-    if s.python_module or plan_.with_cuda or any(h != "kload/kernel.h" for h in s.pch_headers) \
+    if s.python_module or plan.with_cuda or any(h != "kload/kernel.h" for h in s.pch_headers) \
             or not s.pch_headers:
         return JOB_MEMORY["full"]  # torch/extension.h, pybind11, nvcc, or headers we cannot see
     return JOB_MEMORY["aten"]
@@ -149,20 +131,13 @@ def choose_jobs(free: int | None, cores: int, per_job: float, units: int) -> int
 
 
 @contextmanager
-def parallel_jobs(plan_: Plan, units: int):
+def parallel_jobs(plan: Plan, units: int):
     """Set MAX_JOBS (which torch's loader hands to ninja) from free memory and the cores
     when the user has not; yields what the progress line says about it."""
     if knobs.max_jobs():
         yield f"MAX_JOBS={knobs.max_jobs()}"
         return
     free = free_memory()
-    jobs = choose_jobs(free, len(os.sched_getaffinity(0)), job_memory(plan_), units)
-    saved = os.environ.get("MAX_JOBS")  # unset, or set empty
-    os.environ["MAX_JOBS"] = str(jobs)
-    try:
+    jobs = choose_jobs(free, len(os.sched_getaffinity(0)), job_memory(plan), units)
+    with knobs.scoped(MAX_JOBS=str(jobs)):  # it was unset, or set empty
         yield f"{jobs} job{'s' if jobs > 1 else ''}" + (f", {free / _GB:.1f} GB free" if free is not None else "")
-    finally:
-        if saved is None:
-            os.environ.pop("MAX_JOBS", None)
-        else:
-            os.environ["MAX_JOBS"] = saved

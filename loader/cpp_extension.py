@@ -21,12 +21,14 @@ import os
 import shutil
 import uuid
 from pathlib import Path
+from types import ModuleType
+from typing import Any
 
 from torch.utils import cpp_extension as _torch_ext
 
 from .api import inline_folder, write_files
 from .handle import Handle
-from .options import CPP_SUFFIXES, CUDA_SUFFIXES, check_name, make_options, resolve_paths
+from .options import CPP_SUFFIXES, CUDA_SUFFIXES, check_name, make_options, source_paths
 
 log = logging.getLogger("kload")
 
@@ -66,19 +68,110 @@ def _said(reason: str, name: str) -> None:
     log.warning("kload: %r goes to torch's own loader, which builds what kload does not: %s", name, reason)
 
 
-def load(*args, **kwargs):
-    """torch.utils.cpp_extension.load, through kload (same arguments, same result)."""
+# load and load_inline take *args/**kwargs bound to the installed torch's signature
+# (their __signature__, set below): torch>=2.4 is supported, and later versions insert
+# parameters (extra_sycl_cflags before extra_ldflags), so a fixed def would misbind
+# positional calls on another torch.
+
+def load(*args: Any, **kwargs: Any) -> ModuleType | Handle | str:
+    """torch.utils.cpp_extension.load, through kload: the installed torch's signature
+    and result, built (or found) in kload's cache at once, as torch builds.
+
+    The parameters are the installed torch's: one it lacks is refused as torch refuses
+    it. SYCL, sources kload does not build, and every call under a ROCm build of torch
+    go to torch's own loader unchanged, which raises what it raises.
+
+    Args:
+        name: Honoured: the library's name; here it must be a C identifier.
+        sources: Honoured: a path or a list of paths (``str`` or ``Path``), .cpp,
+            .cc, .cxx, .c++, .c or .cu. A source with another suffix sends the call
+            to torch's own loader (one warning).
+        extra_cflags: Honoured: a list of strings.
+        extra_cuda_cflags: Honoured: a list of strings.
+        extra_sycl_cflags: Given, the call goes to torch's own loader (SYCL).
+        extra_ldflags: Honoured: a list of strings.
+        extra_include_paths: Honoured; a missing directory goes on to the compiler, as
+            with torch.
+        build_directory: Not where kload builds (its cache): given, the built library
+            (executable) is hard-linked there as ``<name>.so`` (``<name>``), and a
+            returned path is that one.
+        verbose: Honoured: the compile commands and output on the terminal.
+        with_cuda: True links CUDA for C++-only sources too; otherwise CUDA when
+            there is a .cu source (False does not turn it off).
+        with_sycl: True sends the call to torch's own loader.
+        is_python_module: Honoured (see Returns).
+        is_standalone: Honoured: an executable, built or found, never loaded.
+        keep_intermediates: Ignored: kload keeps its build directory for
+            incremental rebuilds.
+
+    Returns:
+        What torch returns: by default the pybind11 module, or, for sources without
+        ``PYBIND11_MODULE`` (where torch raises ImportError), a :class:`kload.Handle`
+        whose attributes are the ops; with ``is_python_module=False`` the loaded
+        library's path (its ``TORCH_LIBRARY`` ops registered); with
+        ``is_standalone=True`` the executable's path.
+
+    Raises:
+        TypeError: An argument torch's signature does not bind (torch's message); a
+            flag argument that is not a list of strings; a source that is not a
+            ``str`` or ``Path``.
+        ValueError: ``name`` is not a C identifier.
+        FileNotFoundError: A source does not exist.
+        KloadError: No source; a source listed twice or sharing its file name with
+            another C++ source.
+        OSError: CUDA sources (or ``with_cuda=True``) where CUDA cannot be built, as
+            torch raises.
+        CompileError: The build failed (a RuntimeError, as torch's is).
+    """
     a = _bind(_LOAD_SIG, args, kwargs, "load")
     reason = _torch_only(a)
     if reason:
         _said(reason, a["name"])
         return TORCH_LOAD(*args, **kwargs)
-    return _build_and_load(a, resolve_paths(a["sources"]), standalone=bool(a.get("is_standalone")))
+    return _build_and_load(a, source_paths(a["sources"]), standalone=bool(a.get("is_standalone")))
 
 
-def load_inline(*args, **kwargs):
-    """torch.utils.cpp_extension.load_inline, through kload (same arguments, same result):
-    the same main.cpp / cuda.cu torch would write, in kload's cache."""
+def load_inline(*args: Any, **kwargs: Any) -> ModuleType | Handle | str:
+    """torch.utils.cpp_extension.load_inline, through kload: the installed torch's
+    signature and result; the same main.cpp / cuda.cu torch would write, written into
+    kload's cache (``inline/<name>-<hash>/``) and built as :func:`load` builds.
+    The parameters are the installed torch's, and calls go to torch's own loader, as
+    for :func:`load`.
+
+    Args:
+        name: As for :func:`load`.
+        cpp_sources: Honoured: a string or a list of strings.
+        cuda_sources: Honoured: a string or a list of strings (None: none).
+        sycl_sources: Given, the call goes to torch's own loader (SYCL).
+        functions: Honoured: a name, a list of names or a dict of name to docstring,
+            bound in a generated ``PYBIND11_MODULE``.
+        extra_cflags: As for :func:`load`.
+        extra_cuda_cflags: As for :func:`load`.
+        extra_sycl_cflags: As for :func:`load`.
+        extra_ldflags: As for :func:`load`.
+        extra_include_paths: As for :func:`load`.
+        build_directory: As for :func:`load`.
+        verbose: As for :func:`load`.
+        with_cuda: As for :func:`load`.
+        with_sycl: As for :func:`load`.
+        is_python_module: As for :func:`load`.
+        with_pytorch_error_handling: Honoured.
+        keep_intermediates: Ignored, as for :func:`load`.
+        use_pch: Ignored: kload precompiles the header a source starts with on its
+            own (``KLOAD_PCH``).
+        no_implicit_headers: Honoured.
+
+    Returns:
+        What torch returns, as for :func:`load` (never an executable).
+
+    Raises:
+        TypeError: An argument torch's signature does not bind (torch's message); a
+            flag argument that is not a list of strings.
+        ValueError: ``name`` is not a C identifier; ``functions`` is not a string,
+            list or dict.
+        OSError: As for :func:`load`.
+        CompileError: The build failed.
+    """
     a = _bind(_INLINE_SIG, args, kwargs, "load_inline")
     reason = _torch_only(a)
     if reason:
@@ -90,8 +183,18 @@ def load_inline(*args, **kwargs):
     return _build_and_load(a, [paths[f] for f in files], standalone=False)
 
 
-def inline_sources(a: dict) -> dict[str, str]:
-    """The files torch's load_inline writes for these arguments, text for text."""
+def inline_sources(a: dict[str, Any]) -> dict[str, str]:
+    """The files torch's load_inline writes for these arguments, text for text.
+
+    Args:
+        a: load_inline's arguments, bound to torch's signature with its defaults.
+
+    Returns:
+        ``{"main.cpp": text}``, and ``"cuda.cu"`` when there are CUDA sources.
+
+    Raises:
+        ValueError: ``functions`` is not a string, list or dict (torch's message).
+    """
     implicit = not a.get("no_implicit_headers", False)
     cpp = a["cpp_sources"]
     cpp = [cpp] if isinstance(cpp, str) else list(cpp)
@@ -194,6 +297,7 @@ def unpatch() -> None:
 
 
 def is_patched() -> bool:
+    """Whether ``torch.utils.cpp_extension.load`` is kload's (``patch()`` ran)."""
     return getattr(_torch_ext.load, "__kload_wraps__", None) is TORCH_LOAD
 
 

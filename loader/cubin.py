@@ -16,12 +16,12 @@ import os
 import re
 import shutil
 import time
-import uuid
 from pathlib import Path
 
-from kload.cache import MANIFEST, SCHEMA, Entry, stamp_of
+from kload.cache import SCHEMA, Entry, stamp_of
 from kload.cache.key import digest, file_sha256, sha256_now
-from kload.cache.store import Store, write_json_atomic
+from kload.cache.publish import publish, stage
+from kload.cache.store import Store
 
 from . import knobs, nvrtc
 from .options import include_dir
@@ -97,10 +97,9 @@ def build(store: Store, plan: Plan, source_path: str) -> Entry:
         text = f.read()
     out = nvrtc.compile(text, source_path, plan.options, plan.names, str(log_path))
     suffix = ".ptx" if plan.target.startswith("compute_") else ".cubin"
-    staging = store.entries / f".staging-{plan.entry_dir.name}-{uuid.uuid4().hex[:6]}"
-    staging.mkdir(mode=0o700)
+    staged = stage(store, plan.entry_dir.name)
     try:
-        art = staging / (plan.stem + suffix)
+        art = staged / (plan.stem + suffix)
         fd = os.open(art, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "wb") as fh:
             fh.write(out.image)
@@ -111,26 +110,10 @@ def build(store: Store, plan: Plan, source_path: str) -> Entry:
                     "stat": stamp_of(st), "created": time.time(), "headers": {k: v for k, v in plan.files.items()
                                                                               if v is not None},
                     "inputs": plan.inputs, "kernels": kernels, "build_seconds": round(out.seconds, 4)}
-        write_json_atomic(staging / MANIFEST, manifest)
-        os.close(os.open(staging / "last_used", os.O_WRONLY | os.O_CREAT, 0o600))
-        if plan.entry_dir.exists():  # another process's (then use it), or a damaged one
-            other = lookup(store, plan)
-            if other is not None:
-                shutil.rmtree(staging, ignore_errors=True)
-                return other
-            trash = store.entries / f".trash-{plan.entry_dir.name}-{uuid.uuid4().hex[:6]}"
-            os.replace(plan.entry_dir, trash)
-            shutil.rmtree(trash, ignore_errors=True)
-        try:
-            os.replace(staging, plan.entry_dir)
-        except OSError:  # a process that compiled the same key published first
-            other = lookup(store, plan)
-            if other is None:
-                raise
-            shutil.rmtree(staging, ignore_errors=True)
-            return other
     except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
+        shutil.rmtree(staged, ignore_errors=True)
         raise
-    knobs.evict_after_build(store, plan.entry_dir.name)
-    return Entry(plan.entry_dir, manifest)
+    # an entry there already: another process's (used), or a damaged one (replaced)
+    entry = publish(store, staged, plan.entry_dir.name, manifest, existing=lambda _: lookup(store, plan))
+    store.evict_after_publish(plan.entry_dir.name, knobs.cache_max_size())
+    return entry

@@ -1,4 +1,5 @@
-"""Why a build is (not) in the cache: compare its key inputs with the nearest entry.
+"""Step 4 of a load, when ``KLOAD_DISABLE_JIT=1`` refuses a miss (and ``kload explain``):
+why a build is (not) in the cache: compare its key inputs with the nearest entry.
 
     python -m kload explain my_ops.cpp -O2
     miss: nearest entry my_ops-3f2a9c0d11e4b7a2 (built 2026-12-02 15:04)
@@ -88,12 +89,12 @@ def describe(old: dict, new: dict, base: str) -> list[str]:
     return out
 
 
-def explain_plan(plan_: Plan, store: Store) -> Explanation:
-    entry = store.lookup(plan_.skey)
+def explain_plan(plan: Plan, store: Store) -> Explanation:
+    entry = store.lookup(plan.skey)
     if entry is not None:
         return Explanation(True, entry, [])
-    base = os.path.dirname(str(plan_.built[0]))
-    idx = read_json(store.index / f"{plan_.skey}.json")
+    base = os.path.dirname(str(plan.built[0]))
+    idx = read_json(store.index / f"{plan.skey}.json")
     if idx and idx.get("candidates"):
         # the same sources, flags and toolchain: a header differs from every build seen
         cand = idx["candidates"][-1]
@@ -116,12 +117,12 @@ def explain_plan(plan_: Plan, store: Store) -> Explanation:
         if e.manifest.get("kind") == "pch":  # a precompiled header is no candidate for a library
             continue
         inputs = e.manifest.get("inputs") or {}
-        reasons = describe(inputs, plan_.inputs, base)
-        rank = (inputs.get("name") != plan_.name, len(reasons))
+        reasons = describe(inputs, plan.key_inputs(), base)
+        rank = (inputs.get("name") != plan.name, len(reasons))
         if best is None or rank < best[0]:
             best, best_reasons = (rank, e), reasons
     if best is None:
         return Explanation(False, None, [f"the cache at {store.root} has no entries yet"])
     if best[0][0]:
-        best_reasons = [f"no entry named {plan_.name!r}; nearest is {best[1].manifest.get('name')!r}"] + best_reasons
+        best_reasons = [f"no entry named {plan.name!r}; nearest is {best[1].manifest.get('name')!r}"] + best_reasons
     return Explanation(False, best[1], best_reasons)

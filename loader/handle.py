@@ -1,7 +1,8 @@
-"""Step 7 of a load: the user's :class:`Handle`: lazy, memoized attribute access to ops.
+"""Step 1 of a load (with api.py), and where it ends: the user's :class:`Handle`,
+lazy, memoized attribute access to ops.
 
-The first access of an op finds its entry (resolve.py) and loads the library
-(library.py); the op is then stored on the instance, so later calls cost a
+The first access of an op finds its entry (step 2, resolve.py) and loads the library
+(step 8, library.py); the op is then stored on the instance, so later calls cost a
 plain attribute lookup: ``handle.vector_add`` *is* ``torch.ops.<ns>.vector_add``.
 A watched handle (watch.py) drops those attributes when a file changes, and the
 next access rebuilds.
@@ -17,7 +18,7 @@ from kload.cache import Entry, entry_in_use
 from . import knobs
 from .library import Loaded, load_entry
 from .options import Options
-from .resolve import resolve_entry
+from .resolve import Resolved, resolve_entry
 
 log = logging.getLogger("kload")
 
@@ -32,34 +33,55 @@ class Handle:
         d["_opts"] = opts
         d["_mutex"] = threading.RLock()
         d["_loaded"] = None
-        d["_entry"] = None
+        d["_resolved"] = None     # the last resolve_entry() result: the entry, how, the plan
         d["_stale"] = False       # a watched file changed: rebuild at the next access
         d["_files"] = set()       # what the watcher looks at (sources + local headers), if watched
         d["_last_error"] = None   # the rebuild error reported last (each is reported once)
 
     # -- public API (few names, so they rarely shadow an op; ops stay reachable via .ops) --
-    def build(self) -> str:
-        """Compile now, or find the build in the cache; returns the artifact's path.
+    def build(self) -> Resolved:
+        """Compile now, or find the build in the cache.
 
         A cache hit loads nothing. A compile in this process leaves the library
         loaded, as torch's loader does with what it builds (its static
         registrations ran), but binds no ops to this handle: ``load()`` or the
-        first op access does that, for every binding style."""
+        first op access does that, for every binding style.
+
+        Returns:
+            The artifact's path, a ``str``; it also says how it was found: ``.how``
+            (``"built"`` or ``"cache"``), ``.seconds``, ``.entry`` (the cache entry),
+            ``.build_dir`` (ninja's directory, with ``compile_commands.json``).
+
+        Raises:
+            CompileError: the compiler failed (first errors, and the full log's path).
+            KloadError: no bindings in the sources, an unusable toolchain or cache,
+                KLOAD_DISABLE_JIT=1 and no cached build.
+        """
         with self._mutex:
-            if self._entry is None:
-                entry, how, seconds = resolve_entry(self._opts)
-                self._record(entry, how, seconds)
-            return str(self._entry.artifact)
+            if self._resolved is None:
+                self._record(resolve_entry(self._opts))
+            return self._resolved
 
     def load(self) -> "Handle":
-        """Build if needed and load into this process; returns the handle."""
+        """Build if needed and load the library into this process.
+
+        Returns:
+            This handle (so ``kload.load(...).load()`` chains).
+
+        Raises:
+            CompileError, KloadError: as :meth:`build`; KloadError also when the library
+                cannot be loaded (a fixed TORCH_LIBRARY namespace this process has).
+        """
         self._ensure()
         return self
 
     def reload(self) -> bool:
         """Check the sources and headers now; rebuild and switch to the new code if
-        they changed. True when new code was loaded. A failed rebuild is reported
-        and the last good build keeps serving."""
+        they changed. A failed rebuild is reported and the last good build keeps serving.
+
+        Returns:
+            True when new code was loaded.
+        """
         self.__dict__["_stale"] = True
         return self._refresh()
 
@@ -85,12 +107,17 @@ class Handle:
         return ns[0] if ns else None
 
     def names(self) -> list[str]:
-        """Every op and function this library exposes."""
+        """Every op and function this library exposes (builds and loads it first)."""
         return self._ensure().names()
 
     # -- machinery --------------------------------------------------------------
-    def _record(self, entry: Entry, how: str, seconds: float) -> None:
-        self.__dict__["_entry"] = entry
+    @property
+    def _entry(self) -> Entry | None:
+        return self._resolved.entry if self._resolved is not None else None
+
+    def _record(self, resolved: Resolved) -> None:
+        self.__dict__["_resolved"] = resolved
+        entry, how, seconds = resolved.entry, resolved.how, resolved.seconds
         HISTORY.append({"name": self._opts.name, "how": how, "seconds": seconds, "key": entry.key,
                         "path": str(entry.artifact), "time": time.time(),
                         "pch": entry.manifest.get("pch") if how == "built" else None})
@@ -111,9 +138,8 @@ class Handle:
             return loaded
         with self._mutex:
             if self._loaded is None:
-                if self._entry is None:
-                    entry, how, seconds = resolve_entry(self._opts)
-                    self._record(entry, how, seconds)
+                if self._resolved is None:
+                    self._record(resolve_entry(self._opts))
                 with entry_in_use(self._entry.path):
                     self.__dict__["_loaded"] = load_entry(self._entry)
                 self._watch()
@@ -142,14 +168,14 @@ class Handle:
                 return False
             self.__dict__["_stale"] = False
             if self._loaded is None:  # never loaded: the first access builds anyway
-                self.__dict__["_entry"] = None
+                self.__dict__["_resolved"] = None
                 return False
             try:
-                entry, how, seconds = resolve_entry(self._opts)
-                if entry.key == self._entry.key:
+                resolved = resolve_entry(self._opts)
+                if resolved.entry.key == self._entry.key:
                     return False
-                with entry_in_use(entry.path):
-                    loaded = load_entry(entry)
+                with entry_in_use(resolved.entry.path):
+                    loaded = load_entry(resolved.entry)
             except (KloadError, OSError) as e:
                 text = str(e)
                 if text != self._last_error:
@@ -160,7 +186,7 @@ class Handle:
                         error=True)
                 return False
             self.__dict__["_last_error"] = None
-            self._record(entry, how, seconds)
+            self._record(resolved)
             if loaded.note:
                 from .progress import say
 
@@ -176,7 +202,7 @@ class Handle:
         if self._stale:
             self._refresh()
         loaded = self._ensure()
-        value = loaded.resolve(attr)
+        value = loaded.attribute(attr)
         if value is None:
             names = loaded.names()
             raise AttributeError(

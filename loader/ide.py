@@ -15,13 +15,11 @@ import os
 import shlex
 from pathlib import Path
 
-from kload.cache.store import Store, write_atomic
+from kload.cache.store import write_atomic
 
-from . import knobs
-from .build import COMPDB, workspace
+from .build import COMPDB
 from .errors import KloadError
 from .handle import Handle
-from .plan import plan
 
 
 def _for_clangd(args: list[str]) -> list[str]:
@@ -45,22 +43,19 @@ def _for_clangd(args: list[str]) -> list[str]:
 def build_commands(handle: Handle) -> list[dict]:
     """The compile commands of the handle's build (built first if need be), for its
     own source files."""
-    handle.build()
-    store = Store(knobs.cache_dir())
-    p = plan(handle._opts, store)
-    ws = workspace(p, store)
-    db = ws / COMPDB
+    built = handle.build()
+    ws = built.build_dir
     try:
-        commands = json.loads(db.read_text())
-    except (OSError, ValueError):
-        raise KloadError(f"kload: {p.name!r} is in the cache, but its build directory has no {COMPDB} ({ws}): the "
-                         "entry was imported or built by an older kload. `kload cache clear` and build it again "
-                         "to make one.") from None
-    own = {str(s) for s in p.built}
+        commands = json.loads((ws / COMPDB).read_text())
+    except (OSError, ValueError, TypeError):  # TypeError: an entry without key inputs has no directory
+        raise KloadError(f"kload: {built.entry.manifest.get('name')!r} is in the cache, but its build directory has "
+                         f"no {COMPDB} ({ws}): the entry was imported or built by an older kload. `kload cache "
+                         "clear` and build it again to make one.") from None
+    own = set(built.sources)  # the user's files (not kload's generated namespace source)
     out = []
     for c in commands:
         if c.get("file") not in own:
-            continue  # kload's generated namespace source
+            continue
         args = c["arguments"] if "arguments" in c else shlex.split(c["command"])
         out.append({"directory": c["directory"], "file": c["file"], "arguments": _for_clangd(args),
                     "output": c.get("output")})
@@ -72,7 +67,7 @@ def write_ide(handle: Handle, out_dir: str | os.PathLike | None = None) -> tuple
     (default: the folder of its first source). Returns the file and how many
     commands it now has for this library."""
     commands = build_commands(handle)
-    folder = Path(out_dir) if out_dir is not None else handle._opts.paths[0].parent
+    folder = Path(out_dir) if out_dir is not None else Path(handle.build().sources[0]).parent
     target = folder / COMPDB
     existing: list = []
     if target.exists():

@@ -1,16 +1,38 @@
-"""Every environment variable kload reads, in one place (README lists them all),
-and the facts about the environment (the installed torch, the interpreter, the
-compiler on PATH) that a cache hit checks.
+"""Every knob kload reads (its ``KLOAD_*`` environment variables), each read here
+only, grouped by concern; README lists them all.
 
 Each knob is read when it is used, not at import, so a test or a notebook can
-change it with ``os.environ`` and see the effect at the next build.
+change it for a block (:func:`scoped`) or with ``os.environ`` and see the effect at
+the next build. The facts of the environment that keys hold (torch's identity, the
+compiler on PATH) are not knobs: fingerprint.py has them.
 """
 from __future__ import annotations
 
 import os
 import sys
-from functools import lru_cache
+from contextlib import contextmanager
 from pathlib import Path
+
+
+@contextmanager
+def scoped(**values: str | None):
+    """Set knobs (or the variables torch's loader reads) for a block:
+    ``with knobs.scoped(KLOAD_PCH="0", KLOAD_CACHE_DIR=d):``. None unsets one; every
+    value is restored afterwards, also on an exception."""
+    saved = {k: os.environ.get(k) for k in values}
+    try:
+        for k, v in values.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = str(v)
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def _flag(name: str, default: bool = False) -> bool:
@@ -19,6 +41,14 @@ def _flag(name: str, default: bool = False) -> bool:
         return default
     return value.strip().lower() not in ("0", "false", "no", "off")
 
+
+DEFAULT_MAX_SIZE = "10G"
+# torch 2.10 is the first release whose stable ABI has everything <kload/stable.h>
+# uses (torch_library_impl, empty, parallel_for, the headeronly dispatch)
+DEFAULT_STABLE_TARGET = "2.10"
+
+
+# -- the cache: where, how big, whether a miss may compile ---------------------------------
 
 def cache_root() -> str:
     """``KLOAD_CACHE_DIR``, else ``$XDG_CACHE_HOME/kload``, else ``~/.cache/kload``
@@ -39,6 +69,69 @@ def cache_dir() -> Path:
     return Path(cache_root())
 
 
+def cache_max_size() -> str:
+    """``KLOAD_CACHE_MAX_SIZE`` (default 10G; ``0``/``none``: no limit), as written: after a
+    build, least-recently-used entries are evicted until the entries fit (the cache parses
+    it, and says once if it cannot)."""
+    return os.environ.get("KLOAD_CACHE_MAX_SIZE") or DEFAULT_MAX_SIZE
+
+
+def disable_jit() -> bool:
+    """``KLOAD_DISABLE_JIT=1``: load cached builds only; a miss is an error and nothing compiles."""
+    return _flag("KLOAD_DISABLE_JIT")
+
+
+# -- what a build compiles (each is in the key, or changes no output) ----------------------
+
+def debug() -> bool:
+    """``KLOAD_DEBUG=1``: build every library with -g -O0 (CUDA: -G) into entries of its own."""
+    return _flag("KLOAD_DEBUG")
+
+
+def pch() -> bool:
+    """``KLOAD_PCH`` (default 1): precompile <kload/kernel.h> and <torch/extension.h>
+    into the cache (GCC only) and compile every source that includes one first with
+    it. 0: parse the headers in every compile."""
+    return _flag("KLOAD_PCH", True)
+
+
+def lean_cuda() -> bool:
+    """``KLOAD_LEAN_CUDA`` (default 1): a .cu that includes <torch/extension.h> but
+    needs none of its Python half (no PYBIND11_MODULE, pybind11 or torch:: frontend
+    namespace) is compiled with kload's lean one (torch/types.h). 0: torch's own."""
+    return _flag("KLOAD_LEAN_CUDA", True)
+
+
+def fast_link() -> bool:
+    """``KLOAD_FAST_LINK`` (default 1): link with gold where ``ld.gold`` exists
+    (never when the caller's ldflags choose a linker). 0 keeps the compiler's default."""
+    return _flag("KLOAD_FAST_LINK", True)
+
+
+def stable_target() -> str:
+    """``KLOAD_STABLE_TARGET`` (default 2.10): the oldest torch a stable-ABI library
+    is built for (``-DTORCH_TARGET_VERSION``). Its cache entry loads in that release
+    and every later one; a newer target may use newer stable ops."""
+    return (os.environ.get("KLOAD_STABLE_TARGET") or DEFAULT_STABLE_TARGET).strip()
+
+
+def cxx_launcher() -> str | None:
+    """``KLOAD_CXX_LAUNCHER`` (e.g. ``ccache``, ``sccache``): run in front of the C++ compiler."""
+    return os.environ.get("KLOAD_CXX_LAUNCHER") or None
+
+
+def nvcc_launcher() -> str | None:
+    """``KLOAD_NVCC_LAUNCHER``: the same in front of nvcc."""
+    return os.environ.get("KLOAD_NVCC_LAUNCHER") or None
+
+
+def max_jobs() -> str | None:
+    """``MAX_JOBS``: parallel compile jobs (read by torch.utils.cpp_extension)."""
+    return os.environ.get("MAX_JOBS")
+
+
+# -- what the user sees, and how kload joins in --------------------------------------------
+
 def verbose() -> bool | None:
     """``KLOAD_VERBOSE``: 1 forces progress output, 0 silences it (log records only);
     unset means: show progress when stderr is a terminal or in a notebook."""
@@ -48,9 +141,23 @@ def verbose() -> bool | None:
     return _flag("KLOAD_VERBOSE")
 
 
-def debug() -> bool:
-    """``KLOAD_DEBUG=1``: build every library with -g -O0 (CUDA: -G) into entries of its own."""
-    return _flag("KLOAD_DEBUG")
+def output_mode() -> str | None:
+    """Where progress goes: ``"notebook"``, ``"terminal"`` or None (log records only)."""
+    forced = verbose()
+    if forced is False:
+        return None
+    if "IPython" in sys.modules:  # never import IPython just to ask
+        try:
+            shell = sys.modules["IPython"].get_ipython()
+        except Exception:  # noqa: BLE001 - a half-initialized IPython is not a notebook
+            shell = None
+        if shell is not None and type(shell).__name__ == "ZMQInteractiveShell":
+            return "notebook"
+    try:
+        tty = sys.stderr.isatty()
+    except (AttributeError, ValueError):
+        tty = False
+    return "terminal" if (tty or forced) else None
 
 
 def reload() -> bool:
@@ -68,81 +175,13 @@ def reload() -> bool:
     return bool(sys.flags.interactive) or hasattr(sys, "ps1")
 
 
-def fast_link() -> bool:
-    """``KLOAD_FAST_LINK`` (default 1): link with gold where ``ld.gold`` exists
-    (never when the caller's ldflags choose a linker). 0 keeps the compiler's default."""
-    return _flag("KLOAD_FAST_LINK", True)
-
-
-DEFAULT_MAX_SIZE = "10G"
-# torch 2.10 is the first release whose stable ABI has everything <kload/stable.h>
-# uses (torch_library_impl, empty, parallel_for, the headeronly dispatch)
-DEFAULT_STABLE_TARGET = "2.10"
-
-
-def stable_target() -> str:
-    """``KLOAD_STABLE_TARGET`` (default 2.10): the oldest torch a stable-ABI library
-    is built for (``-DTORCH_TARGET_VERSION``). Its cache entry loads in that release
-    and every later one; a newer target may use newer stable ops."""
-    return (os.environ.get("KLOAD_STABLE_TARGET") or DEFAULT_STABLE_TARGET).strip()
-
-
-def torch_release() -> tuple[int, int]:
-    """(major, minor) of the installed torch."""
-    import torch
-
-    major, minor = torch.__version__.split("+")[0].split(".")[:2]
-    return int(major), int(minor)
-
-
-def lean_cuda() -> bool:
-    """``KLOAD_LEAN_CUDA`` (default 1): a .cu that includes <torch/extension.h> but
-    needs none of its Python half (no PYBIND11_MODULE, pybind11 or torch:: frontend
-    namespace) is compiled with kload's lean one (torch/types.h). 0: torch's own."""
-    return _flag("KLOAD_LEAN_CUDA", True)
-
-
-def pch() -> bool:
-    """``KLOAD_PCH`` (default 1): precompile <kload/kernel.h> and <torch/extension.h>
-    into the cache (GCC only) and compile every source that includes one first with
-    it. 0: parse the headers in every compile."""
-    return _flag("KLOAD_PCH", True)
-
-
-def cache_max_size() -> int | None:
-    """``KLOAD_CACHE_MAX_SIZE`` (default 10G; ``0``/``none``: no limit): after a build,
-    least-recently-used entries are evicted until the entries fit."""
-    from kload.cache.store import parse_size
-
-    return parse_size(os.environ.get("KLOAD_CACHE_MAX_SIZE") or DEFAULT_MAX_SIZE)
-
-
-def evict_after_build(store, keep: str) -> None:
-    """After a build published ``keep`` (an entry's directory name): evict least-recently-used
-    entries down to KLOAD_CACHE_MAX_SIZE. A bad value must not fail a build that succeeded."""
-    import logging
-
-    log = logging.getLogger("kload")
-    try:
-        limit = cache_max_size()
-    except ValueError as e:
-        log.warning("%s; KLOAD_CACHE_MAX_SIZE is ignored", e)
-        return
-    if limit is not None:
-        for gone in store.evict_to(limit, keep={keep}):
-            log.info("kload: evicted %s (least recently used; KLOAD_CACHE_MAX_SIZE)", gone.path.name)
-
-
-def disable_jit() -> bool:
-    """``KLOAD_DISABLE_JIT=1``: load cached builds only; a miss is an error and nothing compiles."""
-    return _flag("KLOAD_DISABLE_JIT")
-
-
 def patch_torch() -> bool:
     """``KLOAD_PATCH_TORCH=1``: ``import kload`` routes torch.utils.cpp_extension.load and
     load_inline through kload (kload.patch()) for the whole process."""
     return _flag("KLOAD_PATCH_TORCH")
 
+
+# -- the remote cache (docs/cache.md#remote-cache) -----------------------------------------
 
 def remote_cache() -> str | None:
     """``KLOAD_REMOTE_CACHE`` (``redis://[:PASSWORD@]HOST:PORT/DB``, ``rediss://``, ``unix://``):
@@ -206,125 +245,3 @@ def remote_chunk() -> int:
     from kload.cache.store import parse_size
 
     return parse_size(os.environ.get("KLOAD_REMOTE_CACHE_CHUNK") or "4M") or (4 << 20)
-
-
-def cxx_launcher() -> str | None:
-    """``KLOAD_CXX_LAUNCHER`` (e.g. ``ccache``, ``sccache``): run in front of the C++ compiler."""
-    return os.environ.get("KLOAD_CXX_LAUNCHER") or None
-
-
-def nvcc_launcher() -> str | None:
-    """``KLOAD_NVCC_LAUNCHER``: the same in front of nvcc."""
-    return os.environ.get("KLOAD_NVCC_LAUNCHER") or None
-
-
-def max_jobs() -> str | None:
-    """``MAX_JOBS``: parallel compile jobs (read by torch.utils.cpp_extension)."""
-    return os.environ.get("MAX_JOBS")
-
-
-# Environment variables that reach a compile and so belong in the cache key.
-# (Compilers read CPATH & co. themselves; nvcc reads NVCC_*_FLAGS.)
-KEYED_ENV = (
-    "CXX",
-    "CC",
-    "CUDA_HOME",
-    "CUDA_PATH",
-    "ROCM_HOME",
-    "TORCH_CUDA_ARCH_LIST",
-    "NVCC_PREPEND_FLAGS",
-    "NVCC_APPEND_FLAGS",
-    "CPATH",
-    "C_INCLUDE_PATH",
-    "CPLUS_INCLUDE_PATH",
-    "LIBRARY_PATH",
-    "_GLIBCXX_USE_CXX11_ABI",
-    "CUDAHOSTCXX",
-    "NVCC_CCBIN",
-)
-
-
-def output_mode() -> str | None:
-    """Where progress goes: ``"notebook"``, ``"terminal"`` or None (log records only)."""
-    forced = verbose()
-    if forced is False:
-        return None
-    if "IPython" in sys.modules:  # never import IPython just to ask
-        try:
-            shell = sys.modules["IPython"].get_ipython()
-        except Exception:  # noqa: BLE001 - a half-initialized IPython is not a notebook
-            shell = None
-        if shell is not None and type(shell).__name__ == "ZMQInteractiveShell":
-            return "notebook"
-    try:
-        tty = sys.stderr.isatty()
-    except (AttributeError, ValueError):
-        tty = False
-    return "terminal" if (tty or forced) else None
-
-
-def keyed_environment() -> dict:
-    return {k: os.environ[k] for k in KEYED_ENV if k in os.environ}
-
-
-def cxx_command() -> str:
-    """The C++ compiler torch.utils.cpp_extension will run."""
-    return os.environ.get("CXX", "c++")
-
-
-def which(name: str) -> str | None:
-    """``shutil.which`` without its generality (this is the hit path): the first
-    executable ``name`` on PATH, or ``name`` itself if it is a path."""
-    if os.sep in name:
-        return name if os.access(name, os.X_OK) and not os.path.isdir(name) else None
-    for d in os.environ.get("PATH", os.defpath).split(os.pathsep):
-        p = os.path.join(d or ".", name)
-        if os.access(p, os.X_OK) and not os.path.isdir(p):
-            return p
-    return None
-
-
-@lru_cache(maxsize=None)
-def torch_identity() -> dict:
-    import torch
-
-    return {
-        "version": torch.__version__,
-        "git": getattr(torch.version, "git_version", None),
-        "cuda": torch.version.cuda,
-        "hip": getattr(torch.version, "hip", None),
-        "debug": bool(getattr(torch.version, "debug", False)),
-        "cxx11_abi": bool(torch._C._GLIBCXX_USE_CXX11_ABI),
-    }
-
-
-@lru_cache(maxsize=None)
-def python_identity() -> dict:
-    from importlib.machinery import EXTENSION_SUFFIXES
-
-    return {
-        "cache_tag": sys.implementation.cache_tag,
-        "ext_suffix": EXTENSION_SUFFIXES[0],
-        "abiflags": getattr(sys, "abiflags", ""),
-    }
-
-
-def host_cpu() -> str:
-    """The CPU model and feature flags (what -march=native compiles for)."""
-    model, flags = "", ""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name") and not model:
-                    model = line.split(":", 1)[1].strip()
-                elif line.startswith("flags") and not flags:
-                    flags = line.split(":", 1)[1].strip()
-                if model and flags:
-                    break
-    except OSError:
-        import platform
-
-        return platform.processor() or platform.machine()
-    import hashlib
-
-    return f"{model} flags:{hashlib.sha256(flags.encode()).hexdigest()[:16]}"

@@ -1,4 +1,4 @@
-"""Step 5 of a load: bring a published artifact into this process.
+"""Step 8 of a load: bring a published artifact into this process.
 
 Op libraries and plain ``TORCH_LIBRARY`` code load with ``torch.ops.load_library``;
 pybind11 modules through an ``ExtensionFileLoader`` on the entry's own path. Also
@@ -128,12 +128,12 @@ def load_stable(entry: Entry, path: str) -> tuple[list[str], str | None]:
 
     import torch
 
-    from . import knobs
+    from .fingerprint import torch_release
 
     m = entry.manifest
     name = m["name"]
     target = m["stable_target"]
-    have = knobs.torch_release()
+    have = torch_release()
     if have < tuple(int(x) for x in target.split(".")):
         raise _error(f"kload: {name!r} is a stable-ABI build for torch {target} and later, and this torch is "
                      f"{torch.__version__}: upgrade torch, or rebuild with KLOAD_STABLE_TARGET={have[0]}.{have[1]}")
@@ -206,7 +206,7 @@ class Loaded:
             names.update(n for n in vars(self.module) if not n.startswith("_"))
         return sorted(names)
 
-    def resolve(self, attr: str):
+    def attribute(self, attr: str):
         if self.module is not None and not attr.startswith("_") and hasattr(self.module, attr):
             return getattr(self.module, attr)
         import torch

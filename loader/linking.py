@@ -1,4 +1,4 @@
-"""Step 2 of a load (the full way): what the link of an extension can rely on.
+"""Step 6 of a load (the compile): what the link of an extension can rely on.
 
 Two facts of a toolchain, found once by linking a tiny shared C++ library with it,
 and remembered in the cache's memo (``toolchain.json``) under the compiler's

@@ -4,9 +4,9 @@
     mod.saxpy[blocks, 256](out, x, y, 2.0, n)      # first launch: NVRTC (or a cache hit), load, launch
     mod["scale<float>"][blocks, 256, 0](x, n)      # a template: its name expression; [grid, block, shared]
 
-1-3. key, lookup, compile and publish: kload.cubin (a cache entry of kind ``cubin``).
-4. load (kload.cudadrv, on the first launch on a device of that architecture).
-5. swap: after an edit (the file watcher, or ``mod.reload()``) the next launch compiles
+The key, lookup, compile and publish: kload.cubin (a cache entry of kind ``cubin``).
+The load: kload.cudadrv, on the first launch on a device of that architecture.
+The swap: after an edit (the file watcher, or ``mod.reload()``) the next launch compiles
    again and launches the new kernel; a failed compile is reported once and the last
    good kernel keeps serving. A ``torch.library.custom_op`` that launches ``mod.k`` keeps
    its ``torch.ops`` name and runs the new kernel.
@@ -133,8 +133,13 @@ class CudaModule:
                 self.image(t)
             return {t: img.entry.key for t, img in self._images.items()} != before
 
-    def compile(self, target: str = "sm_90") -> Entry:
-        """Compile (or find) this file's device code for ``target`` without a GPU; the entry."""
+    def compile(self, target: str | None = None) -> Entry:
+        """Compile (or find) this file's device code for ``target`` (default: the current
+        GPU's, else sm_90); no GPU needed. Returns the cache entry; raises CompileError."""
+        if target is None:
+            import torch
+
+            target = device_target(torch.cuda.current_device()) if torch.cuda.is_available() else "sm_90"
         return self.image(target).entry
 
     def _need(self, expr: str, target: str) -> Image:
@@ -155,7 +160,7 @@ class CudaModule:
 _ARCH: dict[int, str] = {}
 
 
-def _target(index: int) -> str:
+def device_target(index: int) -> str:
     """What to compile for device ``index``: its own ``sm_XY``, or PTX for the newest
     architecture this NVRTC knows when the device is newer (the driver compiles that)."""
     import torch
@@ -212,7 +217,7 @@ class Launch:
         if index is None or index < 0:
             raise KloadError(f"kload: {name}: the tensor arguments must be on one CUDA device, got "
                              f"{sorted({str(a.device) for a in args if isinstance(a, torch.Tensor)}) or 'none'}")
-        target = _ARCH.get(index) or _target(index)
+        target = _ARCH.get(index) or device_target(index)
         with torch.cuda.device(index):
             cudadrv.ensure_context(index)
             kern, packer = self.kernel.mod._need(name, target).kernel(name)

@@ -3,7 +3,9 @@
     %%kload NAME [--cuda] [--stable] [--cflags="-O3 ..."] [-I DIR] [--debug]
     <C++ or CUDA, any binding style>
 
-builds the cell (or finds it in the cache) and binds ``NAME`` to its handle, and
+builds the cell (or finds it in the cache) and binds ``NAME`` to its handle; a
+``--cuda`` cell of device code alone (``__global__`` functions, no bindings) is
+compiled by NVRTC instead and ``NAME`` is its ``kload.cuda_module``, and
 
     %kload
 
@@ -59,6 +61,30 @@ def cell_error_text(name: str, err: CompileError, cell_file: str) -> str:
     return "\n".join(lines)
 
 
+def has_bindings(cell: str) -> bool:
+    """Whether a cell registers ops or a module (else a ``--cuda`` cell is device code alone)."""
+    from .sources import binding_style
+
+    return bool(binding_style(cell))
+
+
+def device_code_cell(name: str, source, nvrtc_flags: list[str], include: list[str], cell_file: str):
+    """A ``--cuda`` cell of device code alone (``__global__`` functions, no bindings): NVRTC
+    compiles it now, for the GPU here (sm_90 without one), and NAME is its CudaModule:
+    ``NAME.k[grid, block](...)``. Re-running the edited cell gives NAME the new kernels;
+    an op that launches ``NAME[...]`` in its body runs them at its next call."""
+    from .live_cuda import cuda_module
+
+    try:
+        mod = cuda_module(source, options=nvrtc_flags, include_paths=include, reload=False)
+        mod.compile()
+    except CompileError as e:
+        raise CellError(cell_error_text(name, e, cell_file)) from None
+    except (KloadError, OSError) as e:  # no NVRTC here, a missing -I
+        raise CellError(str(e) if str(e).startswith("kload:") else f"kload: {e}") from None
+    return mod
+
+
 @magics_class
 class KloadMagics(Magics):
     @magic_arguments()
@@ -82,12 +108,17 @@ class KloadMagics(Magics):
         except ValueError as e:  # a bad name, an unbalanced quote
             raise CellError(str(e) if str(e).startswith("kload:") else f"kload: %%kload {line}: {e}") from None
         suffix = ".cu" if args.cuda else ".cpp"
+        device_only = args.cuda and not has_bindings(cell)
         cell_text = f"%%kload {line}\n{cell}"
         folder = inline_folder(name, {f"{name}.cell": cell_text, "suffix": suffix})
         cell_file = str(folder / f"{name}.cell")
         quoted = cell_file.replace("\\", "\\\\").replace('"', '\\"')
-        source_text = default_header(cell, stable=args.stable) + f'#line 2 "{quoted}"\n' + cell
+        header = "" if device_only else default_header(cell, stable=args.stable)  # NVRTC: no torch header
+        source_text = header + f'#line 2 "{quoted}"\n' + cell
         source = write_files(folder, {f"{name}.cell": cell_text, f"{name}{suffix}": source_text})[name + suffix]
+        if device_only:
+            self.shell.user_ns[name] = device_code_cell(name, source, flags[1], args.include, cell_file)
+            return
         try:
             handle = load(source, name=name, extra_cflags=flags[0], extra_cuda_cflags=flags[1],
                           extra_ldflags=flags[2], extra_include_paths=args.include,

@@ -16,16 +16,16 @@ from . import knobs
 CPP_SUFFIXES = (".cpp", ".cc", ".cxx", ".c++", ".c")
 CUDA_SUFFIXES = (".cu",)
 
-_HERE = os.path.dirname(os.path.abspath(__file__))
+LOADER_DIR = os.path.dirname(os.path.abspath(__file__))
 # kload/kernels in an installed package; kernels/ beside loader/ in a checkout
-_KERNELS = os.path.join(_HERE, "kernels")
-if not os.path.isdir(_KERNELS):
-    _KERNELS = os.path.join(os.path.dirname(_HERE), "kernels")
+KERNELS_DIR = os.path.join(LOADER_DIR, "kernels")
+if not os.path.isdir(KERNELS_DIR):
+    KERNELS_DIR = os.path.join(os.path.dirname(LOADER_DIR), "kernels")
 
 
 def include_dir() -> Path:
     """Where <kload/kernel.h> lives."""
-    return Path(_KERNELS, "include")
+    return Path(KERNELS_DIR, "include")
 
 
 def _error(text: str):
@@ -51,7 +51,7 @@ def default_name(path: Path) -> str:
     return stem if _is_c_identifier(stem) else f"_{stem}"
 
 
-def resolve_paths(sources) -> list[Path]:
+def source_paths(sources) -> list[Path]:
     """Absolute paths of the given sources; a clear error for a missing or odd one.
     (os.path on strings, Path objects at the end: this runs on every load().)"""
     if isinstance(sources, (str, Path)):

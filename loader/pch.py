@@ -1,8 +1,8 @@
-"""Step 4 of a load, before the compile: which precompiled headers a build uses.
+"""Step 6 of a load, before the compile: which precompiled headers a build uses.
 
 A source whose first #include is <kload/kernel.h>, <kload/stable.h> or
 <torch/extension.h> can be
-compiled with that header precompiled (precompile.py makes and checks one per
+compiled with that header precompiled (pch_build.py makes and checks one per
 compiler and flag set). kload puts each such entry's directory on g++'s include
 path ahead of its own, whether the entry exists yet or not, so the command line
 (and with it ninja's view of the build) does not change when it appears. GCC
@@ -32,10 +32,11 @@ from kload.cache import SCHEMA, Entry
 from kload.cache.key import digest, file_sha256
 from kload.cache.store import Store
 
-from . import knobs, precompile, toolchain
+from . import knobs, pch_build, toolchain
+from .fingerprint import torch_identity, which
 from .options import include_dir
 from .plan import Plan
-from .precompile import PchPlan, check, entry_dir, start
+from .pch_build import PchPlan, check, entry_dir, start
 
 log = logging.getLogger("kload")
 # flags after which GCC cannot use a precompiled header, or that make no object file
@@ -43,47 +44,51 @@ _NO_PCH_FLAGS = ("-E", "-fsyntax-only", "-save-temps", "-traditional-cpp", "-fdi
 _NO_PCH_PREFIXES = ("-include", "-imacros", "-fpch", "-fno-pch", "-x")
 
 
-def not_applicable(plan_: Plan) -> str | None:
+def not_applicable(plan: Plan) -> str | None:
     """Why no precompiled header can serve this build, or None."""
     if not knobs.pch():
         return "KLOAD_PCH=0"
-    if not toolchain.is_gcc(plan_.inputs["cxx"]):
-        return (f"the compiler {plan_.inputs['cxx']['command']} is not GCC (its macros say "
-                f"{plan_.inputs['cxx'].get('family', 'other')})")
-    for f in plan_.opts.cflags:
+    if not toolchain.is_gcc(plan.cxx):
+        return (f"the compiler {plan.cxx['command']} is not GCC (its macros say "
+                f"{plan.cxx.get('family', 'other')})")
+    for f in plan.opts.cflags:
         if f in _NO_PCH_FLAGS or f.startswith(_NO_PCH_PREFIXES):
             return f"the flag {f} rules it out"
     return None
 
 
-def plans_for(plan_: Plan, store: Store) -> list[PchPlan]:
+def plans_for(plan: Plan, store: Store) -> list[PchPlan]:
     """The precompiled headers this build's sources include, with their keys; []
     where none can apply. (GCC can use one where a source includes it first; where
     one is included later, its directory is on the include path all the same, so
     that GCC says why it cannot be used.)"""
-    wanted = plan_.sources.pch_headers
-    if not wanted or not_applicable(plan_) is not None:
+    wanted = plan.sources.pch_headers
+    if not wanted or not_applicable(plan) is not None:
         return []
-    base = {k: plan_.inputs[k] for k in ("cflags", "include_paths", "kload_include", "with_cuda", "torch",
-                                         "python", "cxx", "env", "host_cpu") if k in plan_.inputs}
+    # what decides whether GCC may use the file: the library's key inputs but its sources
+    base = {"cflags": plan.cflags, "include_paths": plan.opts.include_paths, "kload_include": plan.kload_include,
+            "with_cuda": plan.with_cuda, "torch": plan.torch, "python": plan.python, "cxx": plan.cxx,
+            "env": plan.env}
+    if plan.host_cpu is not None:
+        base["host_cpu"] = plan.host_cpu
     kload_headers = {n: file_sha256(str(include_dir() / "kload" / n)) for n in ("kernel.h", "stable.h", "checks.h")}
-    if plan_.sources.stable:  # the library's key names only the stable ABI; a PCH holds this torch's headers
-        base["torch_build"] = toolchain.torch_identity()
+    if plan.sources.stable:  # the library's key names only the stable ABI; a PCH holds this torch's headers
+        base["torch_build"] = torch_identity()
     out = []
     for header in wanted:
         inputs = dict(base, header=header, kload_headers=kload_headers)
         key = digest({"schema": SCHEMA, "kind": "pch", "inputs": inputs})
         spec = {"key": key, "header": header, "root": str(store.root), "inputs": inputs,
-                "cxx": toolchain.which(plan_.inputs["cxx"]["command"]) or plan_.inputs["cxx"]["command"],
-                "cflags": list(plan_.cflags),
-                "include_paths": [str(include_dir())] + list(plan_.opts.include_paths),
-                "with_cuda": plan_.with_cuda}
+                "cxx": which(plan.cxx["command"]) or plan.cxx["command"],
+                "cflags": list(plan.cflags),
+                "include_paths": [str(include_dir())] + list(plan.opts.include_paths),
+                "with_cuda": plan.with_cuda}
         out.append(PchPlan(header, key, entry_dir(store, header, key), spec))
     return out
 
 
 def _opened_real_header(header: str, files: list[str]) -> bool:
-    real = os.path.realpath(precompile.header_file(header))
+    real = os.path.realpath(pch_build.header_file(header))
     return any(os.path.realpath(f) == real for f in files)
 
 
@@ -95,18 +100,18 @@ PARALLEL_CORES = 4
 _refused: set[str] = set()  # keys of entries GCC refused in this process (rebuilt once)
 
 
-class Use:
+class PrecompiledHeaders:
     """The precompiled headers one build may use: checked before the compile,
     held while it runs, reported after; missing ones are built in the background,
     beside the compile where cores allow, else right after it."""
 
-    def __init__(self, plan_: Plan, store: Store):
-        self.why_not = not_applicable(plan_)
-        self.plans = plans_for(plan_, store)
+    def __init__(self, plan: Plan, store: Store):
+        self.why_not = not_applicable(plan)
+        self.plans = plans_for(plan, store)
         self.ready: dict[str, Entry] = {}
         self.started: list[str] = []
         self.used: set[str] = set()
-        self._firsts = plan_.sources.first_includes
+        self._firsts = plan.sources.first_includes
         self._store = store
         self._missing = []
         for pp in self.plans:

@@ -1,4 +1,6 @@
-"""Making and checking one precompiled header (a cache entry of kind ``pch``).
+"""Step 6 of a load (the compile, and in the background after it): making and
+checking one precompiled header (a cache entry of kind ``pch``); pch.py says which
+ones a build uses.
 
 g++ takes ~12 s to parse <kload/kernel.h> (the whole ATen API) and ~30 s for
 <torch/extension.h>; loading the same header precompiled takes about a second.
@@ -15,7 +17,7 @@ is built with exactly the flags torch gives the build's C++ sources (read from t
 ninja file torch writes), published atomically (a directory renamed into place),
 counted in KLOAD_CACHE_MAX_SIZE and evicted least-recently-used like any entry.
 
-A background build runs as ``python -m kload.precompile SPEC`` at the lowest CPU
+A background build runs as ``python -m kload.pch_build SPEC`` at the lowest CPU
 priority, in a session of its own (it outlives a notebook cell or a script), under
 a lock per key: one build per key on the machine at a time.
 """
@@ -29,11 +31,11 @@ import shutil
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 
 from kload.cache import MANIFEST, SCHEMA, Entry, stamp_of
 from kload.cache.key import file_sha256, sha256_now
+from kload.cache.publish import publish, stage
 from kload.cache.store import Store, read_json, write_atomic, write_json_atomic
 
 from . import knobs, toolchain
@@ -204,44 +206,37 @@ def build(spec: dict, *, wait: bool = False) -> Entry | None:
         log.info("kload: precompiled <%s> in %.1f s (%.0f MB): %s", header, seconds,
                  entry.manifest["size"] / 1e6, entry.path)
         shutil.rmtree(ws, ignore_errors=True)
-        knobs.evict_after_build(store, entry.path.name)
+        store.evict_after_publish(entry.path.name, knobs.cache_max_size())
         return entry
     finally:
         lock.release()
 
 
 def _publish(store: Store, pp: PchPlan, gch: Path, headers: dict, extra: dict) -> Entry:
-    """Fill a staging directory (the .gch, its stub, the manifest), then rename it
-    into place: a reader sees no entry or a whole one."""
-    staging = store.entries / f".staging-{pp.path.name}-{uuid.uuid4().hex[:6]}"
-    staging.mkdir(mode=0o700)
+    """The .gch and its stub into a staging directory, then published (cache/store.py):
+    a reader sees no entry or a whole one."""
+    staged = stage(store, pp.path.name)
     try:
-        (staging / pp.header).parent.mkdir(mode=0o700, parents=True)
-        final = staging / (pp.header + ".gch")
+        (staged / pp.header).parent.mkdir(mode=0o700, parents=True)
+        final = staged / (pp.header + ".gch")
         os.replace(gch, final)
         os.chmod(final, 0o600)
         # guarded like the header itself: a second #include after the .gch was used opens
         # the stub but not the real header (pch.py tells "used" from "not used" by that)
         guard = _GUARD.get(pp.header)
         body = f"#include_next <{pp.header}>\n"
-        write_atomic(staging / pp.header, f"// kload: the stub of the precompiled <{pp.header}>\n"
+        write_atomic(staged / pp.header, f"// kload: the stub of the precompiled <{pp.header}>\n"
                      + (f"#ifndef {guard}\n{body}#endif\n" if guard else body))
         st = os.stat(final)
         manifest = dict(extra, schema=SCHEMA, kind="pch", name=f"pch:{pp.header}", header=pp.header, key=pp.key,
                         source_key=pp.key, artifact=pp.header + ".gch", size=st.st_size,
                         sha256=sha256_now(final), stat=stamp_of(st), created=time.time(), headers=headers,
                         inputs=pp.spec["inputs"])
-        write_json_atomic(staging / MANIFEST, manifest)
-        os.close(os.open(staging / "last_used", os.O_WRONLY | os.O_CREAT, 0o600))
-        if pp.path.exists():  # a damaged entry that could not be quarantined
-            trash = store.entries / f".trash-{pp.path.name}-{uuid.uuid4().hex[:6]}"
-            os.replace(pp.path, trash)
-            shutil.rmtree(trash, ignore_errors=True)
-        os.replace(staging, pp.path)
     except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
+        shutil.rmtree(staged, ignore_errors=True)
         raise
-    return Entry(pp.path, manifest)
+    # an entry at pp.path is a damaged one that could not be quarantined: replaced
+    return publish(store, staged, pp.path.name, manifest)
 
 
 # -- in the background ----------------------------------------------------------------
@@ -284,7 +279,7 @@ def start(pp: PchPlan, store: Store) -> bool:
         write_json_atomic(spec_path, pp.spec)
         with open(store.builds / f"pch-{pp.key[:16]}.log", "ab") as out:
             _started[(str(store.root), pp.key)] = subprocess.Popen(
-                [sys.executable, "-m", "kload.precompile", str(spec_path)], stdin=subprocess.DEVNULL,
+                [sys.executable, "-m", "kload.pch_build", str(spec_path)], stdin=subprocess.DEVNULL,
                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
     except (OSError, KloadError) as e:  # a full or read-only cache: no precompile, the build goes on
         log.warning("kload: cannot start precompiling <%s>: %s", pp.header, e)

@@ -7,6 +7,7 @@ the cache's memo); resolve.py runs it when the hit record does not match.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from kload.cache.key import source_key
@@ -14,30 +15,84 @@ from kload.cache.store import Store
 
 from . import knobs, toolchain
 from .errors import KloadError
+from .fingerprint import cxx_command, host_cpu, keyed_environment, python_identity, torch_identity, torch_release
 from .options import Options, include_dir
 from .sources import SourceSet, no_bindings, scan
+from .toolchain import CudaArchs
 
 log = logging.getLogger("kload")
 
 
+@dataclass(frozen=True, eq=False)
 class Plan:
-    """The build as kload will run it, and its source key."""
+    """The build as kload will run it: every decision made before compiling, typed.
 
-    __slots__ = ("opts", "sources", "built", "with_cuda", "cuda_skipped", "cflags", "cuda_cflags", "ldflags",
-                 "inputs", "skey")
+    The cache key's inputs are derived from it (:meth:`key_inputs`); only hashing
+    (``skey``) and ``explain`` read that dict, every later step reads these fields.
+    """
 
-    def __init__(self, opts, sources, built, with_cuda, cuda_skipped, cflags, cuda_cflags, ldflags, inputs, skey):
-        self.opts = opts
-        self.sources: SourceSet = sources
-        self.built: list[Path] = built            # CUDA sources are dropped where CUDA cannot build
-        self.with_cuda = with_cuda
-        self.cuda_skipped: str | None = cuda_skipped  # why .cu sources are not built, or None
-        self.cflags, self.cuda_cflags, self.ldflags = cflags, cuda_cflags, ldflags
-        self.inputs, self.skey = inputs, skey
+    opts: Options
+    sources: SourceSet
+    built: list[Path]               # what compiles: CUDA sources are dropped where CUDA cannot build
+    not_built: list[Path]           # those dropped ([a.cpp] and [a.cpp, a.cu] are different libraries)
+    cuda_skipped: str | None        # why .cu sources are not built, or None
+    with_cuda: bool
+    cflags: list[str]
+    cuda_cflags: list[str]
+    ldflags: list[str]
+    kload_include: str              # kload's include directory; "kload" for the stable ABI (keyed by content)
+    torch: dict                     # torch's identity; for the stable ABI only the target it builds for
+    python: dict | None             # the interpreter's ABI; None for the stable ABI
+    cxx: dict                       # the C++ compiler (toolchain.compiler_identity)
+    env: dict                       # the keyed environment variables
+    stable_target: str | None       # "2.10": the oldest torch a stable-ABI library loads in
+    host_cpu: str | None            # -march=native builds: the CPU they run on
+    nvcc: dict | None               # CUDA builds: nvcc's identity
+    cuda_archs: CudaArchs | None    # CUDA builds: the architectures, and where that list came from
+    skey: str = field(init=False)   # the source key: the hash of key_inputs()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "skey", source_key(self.key_inputs()))
 
     @property
     def name(self) -> str:
         return self.opts.name
+
+    @property
+    def standalone(self) -> bool:
+        """An executable (torch's is_standalone): linked, never loaded."""
+        return self.opts.standalone
+
+    def key_inputs(self) -> dict:
+        """The cache key's inputs, as every kload since the cache's SCHEMA wrote them
+        (entries written before still hit): what cache/key.py hashes, what a manifest's
+        ``inputs`` holds, what ``kload explain`` compares. A fresh dict each call."""
+        built = set(self.built)
+        inputs = {
+            "name": self.name,
+            "style": self.sources.style,
+            "sources": [{"path": str(s.path), "sha256": s.sha256} for s in self.sources.sources if s.path in built],
+            "cflags": self.cflags,
+            "cuda_cflags": self.cuda_cflags if self.with_cuda else [],
+            "ldflags": self.ldflags,
+            "include_paths": self.opts.include_paths,
+            "kload_include": self.kload_include,
+            "with_cuda": self.with_cuda,
+            "torch": self.torch,
+            "python": self.python,
+            "cxx": self.cxx,
+            "env": self.env,
+        }
+        if self.standalone:
+            inputs["standalone"] = True
+        if self.not_built:  # paths: editing them here changes nothing
+            inputs["not_built"] = [str(p) for p in self.not_built]
+        if self.host_cpu is not None:
+            inputs["host_cpu"] = self.host_cpu
+        if self.with_cuda:
+            inputs["nvcc"] = self.nvcc
+            inputs["cuda_arch"] = self.cuda_archs.keyed()
+        return inputs
 
 
 _said_cuda_skip: set[str] = set()
@@ -57,13 +112,13 @@ def stable_target(name: str) -> tuple[int, int]:
         major, minor = (int(x) for x in text.split("."))
     except ValueError:
         raise KloadError(f"kload: KLOAD_STABLE_TARGET={text!r} is not a torch release like 2.10") from None
-    have = knobs.torch_release()
+    have = torch_release()
     if (major, minor) < (2, 10):
         raise KloadError(f"kload: KLOAD_STABLE_TARGET={text}: kload's stable-ABI support needs 2.10 or later")
     if have < (major, minor):
         raise KloadError(
             f"kload: {name!r} uses the stable ABI (kload/stable.h or torch/csrc/stable/), built for torch "
-            f"{major}.{minor} and later (KLOAD_STABLE_TARGET), but the installed torch is {knobs.torch_identity()['version']}"
+            f"{major}.{minor} and later (KLOAD_STABLE_TARGET), but the installed torch is {torch_identity()['version']}"
             + (": torch's stable ABI for extensions starts at 2.10" if have < (2, 10) else
                f"; set KLOAD_STABLE_TARGET={have[0]}.{have[1]} or upgrade torch"))
     return major, minor
@@ -82,11 +137,13 @@ def cuda_host_compiler(flags: list[str]) -> list[str]:
     return []
 
 
-def plan(opts: Options, store: Store) -> Plan:
-    known = toolchain.memo(store.root)
-    before = len(known)
-    sset = scan(opts.paths, known)
-    if len(known) != before:
+def make_plan(opts: Options, store: Store) -> Plan:
+    """Scan the sources and decide the build: style, flags, toolchain identities.
+    No subprocess runs when the compilers and the sources' scan are in the cache's memo."""
+    scans = toolchain.memo(store.root).setdefault("source_scans", {})
+    before = len(scans.get("found") or {})
+    sset = scan(opts.paths, scans)
+    if len(scans["found"]) != before:
         toolchain.save_memo(store.root)
     if not (sset.op_library or sset.python_module or sset.fixed_namespaces or opts.standalone or opts.as_torch):
         raise no_bindings(sset)
@@ -103,7 +160,7 @@ def plan(opts: Options, store: Store) -> Plan:
         _said_cuda_skip.add(opts.name)
         log.warning("kload: building %r for the CPU only: %s", opts.name, reason)
 
-    cxx = toolchain.compiler_identity(toolchain.cxx_command(), store.root)
+    cxx = toolchain.compiler_identity(cxx_command(), store.root)
     # GCC collects garbage from a small heap up, growing it 30% a time: parsing ATen's
     # headers runs many collections. Starting at 512 MB and doubling takes ~10% off
     # a compile for ~20% more peak memory (473 -> 571 MB for kernel.h); the object
@@ -130,7 +187,8 @@ def plan(opts: Options, store: Store) -> Plan:
         # after an -include'd file. (Quoted for the shell that runs torch's ninja file.)
         cflags += [shlex.quote(f"-D{m}(x)={CHECK_MACROS[m]}") for m in sset.missing_checks]
         cuda_cflags.append("-include " + shlex.quote(str(include_dir() / "kload" / "checks.h")))
-    torch_id, python_id, kload_inc = toolchain.torch_identity(), toolchain.python_identity(), str(include_dir())
+    torch_id, python_id, kload_inc = torch_identity(), python_identity(), str(include_dir())
+    stable = None
     if sset.stable:
         # the stable ABI: built for the oldest torch it targets, keyed by that and not
         # by this torch build or this Python (build.py checks the binary imports
@@ -144,33 +202,15 @@ def plan(opts: Options, store: Store) -> Plan:
         torch_id = {"stable_abi": "%d.%d" % target, "cxx11_abi": full["cxx11_abi"]}
         if with_cuda:  # the CUDA runtime the kernels link (PyPI's torch went from 12 to 13 in 2.12)
             torch_id["cuda_major"] = (full["cuda"] or "").split(".")[0]
-        python_id, kload_inc = None, "kload"
+        python_id, kload_inc, stable = None, "kload", "%d.%d" % target
 
-    inputs = {
-        "name": opts.name,
-        "style": sset.style,
-        "sources": [{"path": str(s.path), "sha256": s.sha256} for s in built],
-        "cflags": cflags,
-        "cuda_cflags": cuda_cflags if with_cuda else [],
-        "ldflags": ldflags,
-        "include_paths": opts.include_paths,
-        "kload_include": kload_inc,
-        "with_cuda": with_cuda,
-        "torch": torch_id,
-        "python": python_id,
-        "cxx": cxx,
-        "env": toolchain.keyed_environment(),
-    }
-    if opts.standalone:
-        inputs["standalone"] = True  # an executable (torch's is_standalone): linked, never loaded
-    skipped = [s for s in sset.sources if s not in built]
-    if skipped:  # [a.cpp] and [a.cpp, a.cu] are different libraries even where a.cu cannot build
-        inputs["not_built"] = [str(s.path) for s in skipped]  # paths: editing them here changes nothing
-    if any("native" in f for f in cflags + cuda_cflags):
-        inputs["host_cpu"] = knobs.host_cpu()  # -march=native binaries run only where built
-    if with_cuda:
-        inputs["nvcc"] = toolchain.compiler_identity(
-            str(Path(toolchain.find_cuda_home(), "bin", "nvcc")), store.root, ask=False)
-        inputs["cuda_arch"] = toolchain.cuda_arch_list()
-    return Plan(opts, sset, [s.path for s in built], with_cuda, reason, cflags, cuda_cflags, ldflags,
-                inputs, source_key(inputs))
+    native = any("native" in f for f in cflags + cuda_cflags)
+    return Plan(
+        opts=opts, sources=sset, built=[s.path for s in built], not_built=[s.path for s in sset.sources if s not in built],
+        cuda_skipped=reason, with_cuda=with_cuda, cflags=cflags, cuda_cflags=cuda_cflags, ldflags=ldflags,
+        kload_include=kload_inc, torch=torch_id, python=python_id, cxx=cxx, env=keyed_environment(),
+        stable_target=stable, host_cpu=host_cpu() if native else None,
+        nvcc=toolchain.compiler_identity(str(Path(toolchain.find_cuda_home(), "bin", "nvcc")), store.root, ask=False)
+        if with_cuda else None,
+        cuda_archs=toolchain.cuda_archs() if with_cuda else None,
+    )

@@ -1,8 +1,8 @@
-"""Step 4 of a load, on a local miss with ``KLOAD_REMOTE_CACHE`` set: the shared
+"""Step 5 of a load, on a local miss with ``KLOAD_REMOTE_CACHE`` set: the shared
 remote cache (kload/cache/remote.py speaks to the server; docs/cache.md#remote-cache).
 
 Under the node's build lock (one process per build directory of a cache gets here),
-build.py calls :func:`through`:
+obtain.py calls :func:`around_build` (or :func:`fetch_only` where nothing may compile):
 
 1. Look the source key up on the server; an entry whose (signed) manifest verifies
    and whose header closure matches this machine's headers is downloaded, verified
@@ -29,7 +29,7 @@ import time
 
 from kload.cache import Entry
 from kload.cache.key import file_sha256
-from kload.cache.remote import Refused, Remote, RemoteError, me
+from kload.cache.remote import Refused, Remote, RemoteError, this_process
 from kload.cache.store import Store
 
 from . import knobs
@@ -41,6 +41,7 @@ POLL = 0.25           # seconds between looks while another node builds
 SAY_EVERY = 15.0      # seconds between "waiting for ..." lines
 RETRY_AFTER = 300.0   # seconds a process leaves a faulty server alone after its one warning
 
+
 def _lease_ms() -> int:
     """A lease whose holder died expires after this (KLOAD_REMOTE_CACHE_LEASE, 30 s); its
     holder renews it every third of it."""
@@ -51,7 +52,7 @@ _remotes: dict[tuple, Remote] = {}
 _down_until: dict[tuple, float] = {}
 
 
-def remote() -> Remote | None:
+def server() -> Remote | None:
     """The configured server, or None (unset, misconfigured, or faulty a moment ago)."""
     url = knobs.remote_cache()
     if url is None:
@@ -63,7 +64,7 @@ def remote() -> Remote | None:
     r = _remotes.get(ident)
     if r is None:
         try:
-            r = make(url)
+            r = client_for(url)
             knobs.remote_wait()  # a bad knob is said here, once
         except (ValueError, OverflowError) as e:
             log.warning("%s; the remote cache is not used", e)
@@ -77,13 +78,13 @@ def remote() -> Remote | None:
     return r
 
 
-def make(url: str) -> Remote:
+def client_for(url: str) -> Remote:
     """A client for ``url`` with every knob applied (ValueError: a bad URL or knob)."""
     return Remote(url, password=knobs.remote_password(), secret=knobs.remote_secret(),
                   timeout=knobs.remote_timeout(), ttl=knobs.remote_ttl(), chunk=knobs.remote_chunk())
 
 
-def fault(r: Remote, e: Exception) -> None:
+def set_aside(r: Remote, e: Exception) -> None:
     """One warning, then leave the server alone for a while."""
     if _down_until.get(r.ident, 0.0) > time.monotonic():
         return
@@ -105,16 +106,16 @@ def _headers_here(headers: dict) -> bool:
     return True
 
 
-def fetch(r: Remote, plan_, store: Store) -> Entry | None:
+def fetch(r: Remote, plan, store: Store) -> Entry | None:
     """Download the entry for the plan's source key whose headers match this machine's."""
-    for key in r.candidates(plan_.skey):
+    for key in r.candidates(plan.skey):
         started = time.perf_counter()
         try:
-            entry = r.download(store, plan_.skey, key, plan_.name, _headers_here)
+            entry = r.download(store, plan.skey, key, plan.name, _headers_here)
         except Refused as why:
             if not why.again:
                 log.warning("kload: refusing the remote entry %s-%s from %s: %s; it is not loaded",
-                            plan_.name, key[:16], r.where, why)
+                            plan.name, key[:16], r.where, why)
             continue
         if entry is not None:
             log.info("kload: downloaded %s (%d bytes) from %s in %.2f s", entry.path.name,
@@ -139,7 +140,7 @@ class Lease:
                     log.warning("kload: the build lease of %s expired; another node may build it too", self.holder)
                     return
             except Exception as e:  # noqa: BLE001
-                fault(self.r, e)
+                set_aside(self.r, e)
                 return
 
     def end(self, entry: Entry | None) -> None:
@@ -159,9 +160,10 @@ class Lease:
         try:
             fn(*args)
         except Exception as e:  # noqa: BLE001 (the build is done: never fail the load over the server)
-            fault(self.r, e)
+            set_aside(self.r, e)
             return False
         return True
+
 
 def upload(r: Remote, entry: Entry) -> None:
     started = time.perf_counter()
@@ -170,21 +172,21 @@ def upload(r: Remote, entry: Entry) -> None:
              time.perf_counter() - started)
 
 
-def fetch_or_lease(r: Remote, plan_, store: Store) -> tuple[Entry | None, Lease | None]:
+def fetch_or_lease(r: Remote, plan, store: Store) -> tuple[Entry | None, Lease | None]:
     """A downloaded entry, or the lease to build (None, None: build without one)."""
-    name, skey = plan_.name, plan_.skey
-    mine = f"{me()} building {name}"
+    name, skey = plan.name, plan.skey
+    mine = f"{this_process()} building {name}"
     started = time.monotonic()
     deadline, said, waited = started + knobs.remote_wait(), 0.0, None
     while True:
-        entry = fetch(r, plan_, store)
+        entry = fetch(r, plan, store)
         if entry is not None:
             return entry, None
         if waited is not None and r.failed(skey) == waited:  # the build it waited for failed (not an older one)
             log.warning("kload: %s failed; building %s here", waited, name)
             return None, None
         if r.take_lease(skey, mine, _lease_ms()):
-            entry = fetch(r, plan_, store)  # the holder may have uploaded and released in between
+            entry = fetch(r, plan, store)  # the holder may have uploaded and released in between
             if entry is not None:
                 r.release_lease(skey, mine)
                 return entry, None
@@ -201,18 +203,19 @@ def fetch_or_lease(r: Remote, plan_, store: Store) -> tuple[Entry | None, Lease 
         time.sleep(POLL)
 
 
-def through(plan_, store: Store, build) -> tuple[Entry, float]:
-    """``build()`` (-> (entry, seconds)) with the remote cache in front of and behind it."""
-    r = remote()
+def around_build(plan, store: Store, build) -> tuple[Entry, float]:
+    """``build()`` (-> (entry, seconds)) with the remote cache in front of it (a download, or
+    another node's build awaited) and behind it (the upload)."""
+    r = server()
     if r is None:
         return build()
     lease = None
     try:
-        entry, lease = fetch_or_lease(r, plan_, store)
+        entry, lease = fetch_or_lease(r, plan, store)
         if entry is not None:
             return entry, 0.0
     except Exception as e:  # noqa: BLE001 (any failure of the remote path is a local build, never a failed load)
-        fault(r, e)
+        set_aside(r, e)
     try:
         entry, seconds = build()
     except BaseException:
@@ -221,21 +224,21 @@ def through(plan_, store: Store, build) -> tuple[Entry, float]:
         raise
     if lease is not None:
         lease.end(entry)
-    elif remote() is r:
+    elif server() is r:
         try:
             upload(r, entry)
         except Exception as e:  # noqa: BLE001 (the build succeeded: never fail the load over its upload)
-            fault(r, e)
+            set_aside(r, e)
     return entry, seconds
 
 
-def fetch_only(plan_, store: Store) -> Entry | None:
+def fetch_only(plan, store: Store) -> Entry | None:
     """A remote hit for ``KLOAD_DISABLE_JIT=1`` (nothing compiles, nothing is leased)."""
-    r = remote()
+    r = server()
     if r is None:
         return None
     try:
-        return fetch(r, plan_, store)
+        return fetch(r, plan, store)
     except Exception as e:  # noqa: BLE001
-        fault(r, e)
+        set_aside(r, e)
         return None

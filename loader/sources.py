@@ -1,4 +1,5 @@
-"""Step 2 of a load (the full way): what a set of sources is: its files, its binding style, the macros it relies on.
+"""Step 3 of a load (the plan): what a set of sources is: its files, its binding
+style, the macros it relies on.
 
 One read per file: the same bytes are hashed for the cache key and scanned here.
 """
@@ -82,22 +83,29 @@ class SourceSet:
         return any(s.is_cuda for s in self.sources)
 
 
-def scan(paths: list[Path], memo: dict | None = None) -> SourceSet:
+SCAN_VERSION = 9  # of _classify's findings: scans remembered by another version are not used
+
+
+def scan(paths: list[Path], scans: dict | None = None) -> SourceSet:
     """Hash and classify the sources.
 
-    ``memo`` maps a set of content hashes to an earlier scan's findings, so a
-    cache hit need not run (or even compile) the regular expressions.
+    ``scans`` (the cache's memo of earlier scans, ``{"version", "found"}``) maps a set
+    of content hashes to their findings, so a cache hit need not run (or even
+    compile) the regular expressions; a new scan is added to it.
     """
     out = SourceSet([])
     for p in paths:
         data = p.read_bytes()
         out.sources.append(Source(p, hashlib.sha256(data).hexdigest(), p.suffix in CUDA_SUFFIXES))
-    memo_key = "scan9:" + ",".join(s.sha256 for s in out.sources)
-    found = memo.get(memo_key) if memo is not None else None
+    if scans is not None and scans.get("version") != SCAN_VERSION:
+        scans.clear()
+        scans.update(version=SCAN_VERSION, found={})
+    shas = ",".join(s.sha256 for s in out.sources)
+    found = scans["found"].get(shas) if scans is not None else None
     if found is None:
         found = _classify([s.path.read_bytes() for s in out.sources], [s.path for s in out.sources])
-        if memo is not None:
-            memo[memo_key] = found
+        if scans is not None:
+            scans["found"][shas] = found
     out.op_library, out.python_module = found["op_library"], found["python_module"]
     out.fixed_namespaces, out.missing_checks = list(found["fixed_namespaces"]), list(found["missing_checks"])
     out.fixed_ops = list(found["fixed_ops"])
@@ -170,6 +178,14 @@ def _classify(blobs: list[bytes], paths: list[Path]) -> dict:
             "pch_headers": sorted(pch_headers),
             "stable": stable_inc and not versioned_inc and not out.python_module,
             "cuda_lean_extension": cuda_extension_h and not cuda_frontend}
+
+
+def binding_style(code: str) -> str:
+    """The binding style of one source text ("op_library", "pybind11", "torch_library",
+    joined by "+"; "" for none: device code alone, say)."""
+    found = _classify([code.encode()], [Path("code.cpp")])
+    return "+".join(style for style, on in (("op_library", found["op_library"]), ("pybind11", found["python_module"]),
+                                            ("torch_library", bool(found["fixed_namespaces"]))) if on)
 
 
 def no_bindings(sset: SourceSet) -> KloadError:

@@ -1,4 +1,4 @@
-"""Step 2 of a load (the full way): the identity of everything outside the
+"""Step 3 of a load (the plan): the identity of everything outside the
 sources that shapes a binary.
 
 Cheap on purpose: a cache hit must run no subprocess, so a compiler's version is
@@ -10,9 +10,10 @@ import os
 import shutil
 from functools import lru_cache
 from pathlib import Path
+from typing import NamedTuple
 
 from .errors import KloadError
-from .knobs import cxx_command, keyed_environment, python_identity, torch_identity, which  # noqa: F401
+from .fingerprint import torch_identity, which
 from kload.cache.store import read_json, write_json_atomic
 
 
@@ -82,18 +83,29 @@ def cuda_unavailable_reason() -> str | None:
     return None
 
 
-def cuda_arch_list() -> str:
+class CudaArchs(NamedTuple):
+    """The GPU architectures a CUDA build targets, and where that list came from."""
+
+    archs: str    # TORCH_CUDA_ARCH_LIST's syntax: "8.0;9.0+PTX"
+    origin: str   # "TORCH_CUDA_ARCH_LIST" (the caller's), "detected" (the GPUs here) or "default" (no GPU)
+
+    def keyed(self) -> str:
+        """As the cache key holds it: the caller's list as written, else ``origin:archs``."""
+        return self.archs if self.origin == "TORCH_CUDA_ARCH_LIST" else f"{self.origin}:{self.archs}"
+
+
+def cuda_archs() -> CudaArchs:
     """The GPU architectures a CUDA build targets (part of the key): TORCH_CUDA_ARCH_LIST,
     else those of the GPUs here, else DEFAULT_CUDA_ARCHS."""
     explicit = os.environ.get("TORCH_CUDA_ARCH_LIST")
     if explicit:
-        return explicit
+        return CudaArchs(explicit, "TORCH_CUDA_ARCH_LIST")
     import torch
 
     if torch.cuda.is_available():
         caps = sorted({torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())})
-        return "detected:" + ";".join(f"{a}.{b}" for a, b in caps)
-    return "default:" + DEFAULT_CUDA_ARCHS
+        return CudaArchs(";".join(f"{a}.{b}" for a, b in caps), "detected")
+    return CudaArchs(DEFAULT_CUDA_ARCHS, "default")
 
 
 _memo: dict[str, dict] = {}

@@ -1,4 +1,4 @@
-"""Step 4 of a load, the compile itself: one run of torch.utils.cpp_extension.load
+"""Step 6 of a load, the compile itself: one run of torch.utils.cpp_extension.load
 for a plan (kload's flags beside the plan's), with the linked library checked
 before torch loads it, and torch's "Error building extension" turned into a
 CompileError. Also what a built library tells about itself: the stable ABI's
@@ -18,7 +18,6 @@ from pathlib import Path
 from kload.cache.store import writable_error
 
 from . import linking, toolchain
-from .compilers import nvcc_threads
 from .errors import CompileError, KloadError, parse_diagnostics
 from .options import include_dir
 from .plan import Plan
@@ -76,14 +75,14 @@ class _CheckedLoad:
     first exception). Wraps the loader's private load step where it has one; else
     the check runs right after."""
 
-    def __init__(self, cpp_extension, plan_: Plan, artifact: Path):
-        self.mod, self.plan, self.artifact = cpp_extension, plan_, artifact
+    def __init__(self, cpp_extension, plan: Plan, artifact: Path):
+        self.mod, self.plan, self.artifact = cpp_extension, plan, artifact
         self.original = getattr(cpp_extension, "_import_module_from_library", None)
         self.checked = False
 
     def check(self) -> None:
-        if not self.checked and not self.plan.inputs.get("standalone"):
-            linking.check_artifact(self.artifact, self.plan.name, self.plan.inputs["cxx"])
+        if not self.checked and not self.plan.standalone:
+            linking.check_artifact(self.artifact, self.plan.name, self.plan.cxx)
         self.checked = True
 
     def __enter__(self):
@@ -102,7 +101,7 @@ class _CheckedLoad:
         return False
 
 
-def run(plan_: Plan, ws: Path, sources: list[str], pch_cflags: list[str], link: list[str], artifact: Path
+def run(plan: Plan, ws: Path, sources: list[str], pch_cflags: list[str], link: list[str], artifact: Path
         ) -> list[str]:
     """torch's loader on the plan, in this directory; ``link``: the toolchain's link flags
     (build.link_flags, not keyed). Returns the namespaces of the operators that appeared
@@ -110,15 +109,15 @@ def run(plan_: Plan, ws: Path, sources: list[str], pch_cflags: list[str], link: 
     per process: the checked load swaps a function of torch's, and the op-name diff
     around it must see this build's registrations alone."""
     with _ONE_AT_A_TIME:
-        before = op_names() if plan_.sources.fixed_namespaces else None
-        _run(plan_, ws, sources, pch_cflags, link, artifact)
+        before = op_names() if plan.sources.fixed_namespaces else None
+        _run(plan, ws, sources, pch_cflags, link, artifact)
         return registered_namespaces(before)
 
 
 _ONE_AT_A_TIME = threading.RLock()
 
 
-def _run(plan_: Plan, ws: Path, sources: list[str], pch_cflags: list[str], link: list[str], artifact: Path) -> None:
+def _run(plan: Plan, ws: Path, sources: list[str], pch_cflags: list[str], link: list[str], artifact: Path) -> None:
     _ensure_ninja_on_path()
     from torch.utils import cpp_extension
 
@@ -126,51 +125,60 @@ def _run(plan_: Plan, ws: Path, sources: list[str], pch_cflags: list[str], link:
     # the build when they look unchanged; it cannot see headers, so forget that.
     versioner = getattr(cpp_extension, "JIT_EXTENSION_VERSIONER", None)
     if versioner is not None and hasattr(versioner, "entries"):
-        versioner.entries.pop(plan_.name, None)
+        versioner.entries.pop(plan.name, None)
     log_path = ws / "build.log"
     kload_include = "-I" + shlex.quote(str(include_dir()))
     # the CUDA headers of a PyPI torch, after the toolkit's own (not keyed: torch's identity covers them)
-    cuda_includes = [f"-isystem {shlex.quote(p)}" for p in toolchain.pip_cuda_includes()] if plan_.with_cuda else []
+    cuda_includes = [f"-isystem {shlex.quote(p)}" for p in toolchain.pip_cuda_includes()] if plan.with_cuda else []
     # torch's own function, even when kload.patch() (or anything on top of it) replaced the attribute
     torch_load = getattr(cpp_extension, "_kload_torch_load", cpp_extension.load)
     try:
-        with _CheckedLoad(cpp_extension, plan_, artifact):
-            _torch_load(torch_load, plan_, ws, sources, pch_cflags, link, kload_include, cuda_includes)
+        with _CheckedLoad(cpp_extension, plan, artifact):
+            _torch_load(torch_load, plan, ws, sources, pch_cflags, link, kload_include, cuda_includes)
     except RuntimeError as e:
-        _raise_build_error(plan_, ws, log_path, e)
+        _raise_build_error(plan, ws, log_path, e)
     except OSError as e:
         cause = e.__cause__ or e
         hint = ""
-        if plan_.cuda_skipped and "undefined symbol" in str(cause):
-            hint = f"\n(its CUDA sources were not built: {plan_.cuda_skipped})"
-        raise KloadError(f"kload: {plan_.name!r} compiled but cannot be loaded: {cause}{hint}") from None
+        if plan.cuda_skipped and "undefined symbol" in str(cause):
+            hint = f"\n(its CUDA sources were not built: {plan.cuda_skipped})"
+        raise KloadError(f"kload: {plan.name!r} compiled but cannot be loaded: {cause}{hint}") from None
 
 
-def _torch_load(torch_load, plan_: Plan, ws: Path, sources: list[str], pch_cflags: list[str], link: list[str],
+def _torch_load(torch_load, plan: Plan, ws: Path, sources: list[str], pch_cflags: list[str], link: list[str],
                 kload_include: str, cuda_includes: list[str]) -> None:
     torch_load(
-        name=plan_.name,
+        name=plan.name,
         sources=sources,
         # copies: torch appends its own flags to these lists, and the manifest records ours
         # kload's include directory through the flags, so that g++ finds the
         # precompiled headers' directories ahead of it (and nvcc does not)
-        extra_cflags=list(plan_.cflags) + pch_cflags + [kload_include] + cuda_includes,
-        extra_cuda_cflags=list(plan_.cuda_cflags) + [kload_include] + cuda_includes + nvcc_threads(plan_.cuda_cflags),
-        extra_ldflags=list(plan_.ldflags) + link,
-        extra_include_paths=list(plan_.opts.include_paths),
+        extra_cflags=list(plan.cflags) + pch_cflags + [kload_include] + cuda_includes,
+        extra_cuda_cflags=list(plan.cuda_cflags) + [kload_include] + cuda_includes + nvcc_threads(plan.cuda_cflags),
+        extra_ldflags=list(plan.ldflags) + link,
+        extra_include_paths=list(plan.opts.include_paths),
         build_directory=str(ws),
-        verbose=plan_.opts.verbose,
-        with_cuda=plan_.with_cuda,
+        verbose=plan.opts.verbose,
+        with_cuda=plan.with_cuda,
         is_python_module=False,
-        is_standalone=bool(plan_.inputs.get("standalone")),
+        is_standalone=plan.standalone,
     )
+
+
+def nvcc_threads(flags: list[str]) -> list[str]:
+    """nvcc compiles each architecture of TORCH_CUDA_ARCH_LIST in turn (cicc, then
+    ptxas); ``--threads`` runs them side by side. Not part of the key (same output)."""
+    archs = [a for a in os.environ.get("TORCH_CUDA_ARCH_LIST", "").replace(";", " ").split() if a]
+    n = min(len(archs), len(os.sched_getaffinity(0)))
+    mine = any(f.split("=")[0] in ("-t", "--threads") for f in flags)
+    return [f"--threads={n}"] if n > 1 and not mine else []
 
 
 LEAN_HINT = ("\n(kload compiled its .cu with a lean <torch/extension.h>, torch/types.h without the Python half and "
              "the torch:: frontend: if a torch:: name is missing, set KLOAD_LEAN_CUDA=0)")
 
 
-def _raise_build_error(plan_: Plan, ws: Path, log_path: Path, e: RuntimeError) -> None:
+def _raise_build_error(plan: Plan, ws: Path, log_path: Path, e: RuntimeError) -> None:
     """torch's "Error building extension" as a CompileError (first errors, full log)."""
     text = str(e)
     if not text.startswith("Error building extension"):
@@ -178,12 +186,12 @@ def _raise_build_error(plan_: Plan, ws: Path, log_path: Path, e: RuntimeError) -
     output = text.split(":", 1)[1] if ":" in text else text
     if "No space left on device" in output or "Disk quota exceeded" in output:
         raise writable_error(ws.parent.parent, OSError(errno.ENOSPC, "No space left on device", str(ws)))
-    if not output.strip() and plan_.opts.verbose:
+    if not output.strip() and plan.opts.verbose:
         # verbose builds print straight to the terminal; capture the failure once more
         proc = subprocess.run(["ninja", "-v"], cwd=ws, capture_output=True, text=True)
         output = proc.stdout + proc.stderr
     log_path.write_text(output)
-    err = CompileError(plan_.name, parse_diagnostics(output), log_path, output)
-    if any(f.endswith(os.path.join("kload", "lean")) for f in plan_.cuda_cflags) and "torch::" in output:
+    err = CompileError(plan.name, parse_diagnostics(output), log_path, output)
+    if any(f.endswith(os.path.join("kload", "lean")) for f in plan.cuda_cflags) and "torch::" in output:
         err.args = (err.args[0] + LEAN_HINT,)
     raise err from None

@@ -64,9 +64,9 @@ def background_builds_end(kload_cache, tmp_path_factory):
     import signal
     import time
 
-    from kload import precompile
+    from kload import pch_build
 
-    precompile.wait(timeout=300)
+    pch_build.wait(timeout=300)
     deadline = time.monotonic() + 300
     while True:
         left = []
@@ -75,7 +75,7 @@ def background_builds_end(kload_cache, tmp_path_factory):
                 cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
             except OSError:
                 continue
-            if b"kload.precompile" in cmd and any(str(kload_cache).encode() in c or mine in c for c in cmd):
+            if b"kload.pch_build" in cmd and any(str(kload_cache).encode() in c or mine in c for c in cmd):
                 left.append(int(pid))
         if not left:
             return

@@ -35,10 +35,10 @@ BTWICE = """\
 
 LOAD = """
     import json, torch, kload
-    import kload.resolve as r
-    full = []
-    real = r.resolve_full
-    r.resolve_full = lambda *a, **k: full.append(1) or real(*a, **k)
+    import kload.plan as p
+    full = []  # the full lookup plans: count the plans made
+    real = p.make_plan
+    p.make_plan = lambda *a, **k: full.append(1) or real(*a, **k)
     ops = kload.load({src!r}, reload=False)
     out = ops.btwice(torch.ones(3)).tolist()
     print(json.dumps({{"out": out, "how": kload.HISTORY[-1]["how"], "path": ops.build(), "full": len(full)}}))

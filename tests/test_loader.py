@@ -52,7 +52,9 @@ HIT_PROBE = """
     import kload
     ops = kload.load({src!r})
     out = ops.vector_add(torch.ones(3), torch.ones(3))
-    print(json.dumps({{"out": out.tolist(), "path": ops.build(),
+    got = ops.build()  # the path, and how it was found
+    print(json.dumps({{"out": out.tolist(), "path": got, "how": got.how, "planned": got.plan is not None,
+                      "build_dir": str(got.build_dir), "sources": got.sources,
                       "cpp_extension_imported": "torch.utils.cpp_extension" in sys.modules}}))
 """
 
@@ -71,6 +73,10 @@ def test_fresh_process_hit_runs_no_compiler(vadd_dir, cxx_wrapper, tmp_path):
     assert warm["out"] == [2.0, 2.0, 2.0]
     assert warm["path"] == cold["path"]
     assert warm["cpp_extension_imported"] is False
+    # build() is the artifact's path (a str), and says how it was found: compiled, then the hit record
+    assert (cold["how"], cold["planned"], warm["how"], warm["planned"]) == ("built", True, "cache", False)
+    assert warm["build_dir"] == cold["build_dir"] and Path(cold["build_dir"], "compile_commands.json").is_file()
+    assert warm["sources"] == cold["sources"] == [src]
 
 
 def test_header_edit_rebuilds_and_revert_finds_old_entry(vadd_dir, cxx_wrapper):
@@ -105,24 +111,25 @@ def test_flag_change_is_a_different_entry(vadd_dir):
 
 def test_key_covers_toolchain_and_environment(vadd_dir, kload_cache, monkeypatch):
     from kload.options import Options
-    from kload.plan import plan
+    from kload.plan import make_plan
 
     store = Store(kload_cache)
     opts = Options(name="vadd", paths=[vadd_dir / "vadd.cpp"])
-    base = plan(opts, store)
+    base = make_plan(opts, store)
+    inputs = base.key_inputs()
     for key in ("torch", "python", "cxx", "env", "cflags", "include_paths", "sources", "style"):
-        assert key in base.inputs
-    assert base.inputs["torch"]["version"] == torch.__version__
+        assert key in inputs
+    assert inputs["torch"]["version"] == base.torch["version"] == torch.__version__
     monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "9.0")
-    assert plan(opts, store).skey != base.skey
+    assert make_plan(opts, store).skey != base.skey
     monkeypatch.delenv("TORCH_CUDA_ARCH_LIST")
-    assert plan(opts, store).skey == base.skey
+    assert make_plan(opts, store).skey == base.skey
 
 
 def test_gcc_gets_its_parse_flags_before_the_callers(vadd_dir, kload_cache):
     from kload import toolchain
     from kload.options import Options
-    from kload.plan import GCC_PARSE_FLAGS, plan
+    from kload.plan import GCC_PARSE_FLAGS, make_plan
 
     # GCC is what the compiler says it is (its predefined macros), not what its file is called
     d = kload_cache.parent / "compilers"
@@ -136,10 +143,25 @@ def test_gcc_gets_its_parse_flags_before_the_callers(vadd_dir, kload_cache):
     assert not toolchain.is_gcc(toolchain.compiler_identity(str(liar), d))
 
     opts = Options(name="vadd", paths=[vadd_dir / "vadd.cpp"], cflags=["--param=ggc-min-heapsize=65536"])
-    p = plan(opts, Store(kload_cache))
-    assert toolchain.is_gcc(p.inputs["cxx"])  # this machine's c++
+    p = make_plan(opts, Store(kload_cache))
+    assert toolchain.is_gcc(p.cxx)  # this machine's c++
     assert p.cflags[: len(GCC_PARSE_FLAGS) + 1] == GCC_PARSE_FLAGS + ["--param=ggc-min-heapsize=65536"]
     assert p.cuda_cflags == []  # nvcc gets none of it
+
+
+def test_knobs_scoped_sets_for_a_block_and_restores(monkeypatch):
+    from kload import knobs
+
+    monkeypatch.setenv("KLOAD_PCH", "1")
+    monkeypatch.delenv("KLOAD_DEBUG", raising=False)
+    with pytest.raises(RuntimeError, match="inside"):
+        with knobs.scoped(KLOAD_PCH="0", KLOAD_DEBUG="1"):
+            assert (knobs.pch(), knobs.debug()) == (False, True)
+            raise RuntimeError("inside")
+    assert (knobs.pch(), knobs.debug()) == (True, False) and "KLOAD_DEBUG" not in os.environ
+    with knobs.scoped(KLOAD_PCH=None):
+        assert "KLOAD_PCH" not in os.environ and knobs.pch()  # unset: the default
+    assert os.environ["KLOAD_PCH"] == "1"
 
 
 def test_cache_location_rules(monkeypatch, tmp_path):

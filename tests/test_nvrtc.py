@@ -259,6 +259,36 @@ def test_save_marks_the_module_stale(kdir):
     assert mod.compile("sm_90").path != first.path
 
 
+CELL = """
+    import io, json, contextlib
+    from IPython.core.interactiveshell import InteractiveShell
+    from kload.magic import CellError, KloadMagics
+    shell = InteractiveShell.instance()
+    shell.register_magics(KloadMagics)  # what %load_ext kload registers, without its background precompiles
+    good = 'extern "C" __global__ void fill(float* out, float v, int n) {\\n  int i = threadIdx.x;\\n  if (i < n) out[i] = v;\\n}\\n'
+    shell.run_cell_magic("kload", "fill_cell --cuda", good)
+    mod = shell.user_ns["fill_cell"]
+    entry = mod.compile()  # compiled by the cell already: the same entry, no second compile
+    out = {"type": type(mod).__name__, "compiles": mod.compiles, "kind": entry.manifest["kind"]}
+    try:
+        shell.run_cell_magic("kload", "bad_cell --cuda", 'extern "C" __global__ void k(float* o) {\\n  o[0] = not_declared;\\n}\\n')
+    except CellError as e:
+        out["err"] = str(e)
+    print(json.dumps(out))
+"""
+
+
+@needs_nvrtc
+def test_a_device_code_cell_compiles_with_nvrtc(tmp_path):
+    """``%%kload NAME --cuda`` with device code alone (no bindings): NVRTC compiles it when
+    the cell runs (no GPU needed) and NAME is its module; a syntax error is a short cell
+    error at the cell's line. In an IPython shell of its own process, as the other magic tests."""
+    pytest.importorskip("IPython")
+    out = run_py(CELL, env={"KLOAD_CACHE_DIR": str(tmp_path / "cache")})
+    assert out["type"] == "CudaModule" and out["compiles"] == 1 and out["kind"] == "cubin"
+    assert out["err"].startswith("kload: cell 'bad_cell' did not compile") and "line 3" in out["err"], out["err"]
+
+
 @needs_nvrtc
 def test_entries_are_listed_and_verified_like_the_others(kdir):
     entry = module(kdir).compile("sm_90")

@@ -4,6 +4,7 @@ rebuilt when damaged or refused, and the object code is the same with or without
 Every build and every precompile here runs g++ for real."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -15,7 +16,7 @@ import pytest
 import torch
 
 import kload
-from kload import precompile
+from kload import pch_build
 from kload.cache import MANIFEST, stamp_of
 from kload.cache.key import sha256_now
 
@@ -96,11 +97,11 @@ def test_precompiled_header_lifecycle(tmp_path, monkeypatch, caplog):
     def build(name, flags, offset=0, src=src):
         h = kload.load(src, name=name, extra_cflags=flags, reload=False)
         torch.testing.assert_close(h.full(a, b), expected(a, b, offset))
-        [note] = h._entry.manifest["pch"].values()
+        [note] = h.build().entry.manifest["pch"].values()
         return note
 
     assert build("cold", ["-O1"]).startswith("no precompiled <kload/kernel.h> yet")
-    assert precompile.wait(600, root=tmp_path / "cache")
+    assert pch_build.wait(600, root=tmp_path / "cache")
     [entry] = pch_entries(cache)
     gch = Path(entry["path"]) / "kload" / "kernel.h.gch"
     assert gch.stat().st_size > 50_000_000
@@ -119,19 +120,19 @@ def test_precompiled_header_lifecycle(tmp_path, monkeypatch, caplog):
     assert build("warm", ["-O1"], offset=2, src=source(tmp_path / "a", offset=2)).startswith("no precompiled")
     assert "the precompiled <kload/kernel.h> was unusable" in caplog.text
     assert any((cache / "quarantine").iterdir())
-    assert precompile.wait(600, root=tmp_path / "cache")
+    assert pch_build.wait(600, root=tmp_path / "cache")
     assert build("warm", ["-O1"], offset=3, src=source(tmp_path / "a", offset=3)).startswith("used the precompiled")
 
     # a flag GCC checks (-g) makes a new key; plant the -O1 entry there, as if it were
     # stale or foreign: its manifest verifies, GCC refuses it and kload says so
     from kload.options import make_options
     from kload.pch import plans_for
-    from kload.plan import plan
+    from kload.plan import make_plan
     from kload.cache.store import Store
 
     store = Store(cache)
     opts = make_options("debugged", [src], ["-O1", "-g"], [], [], [], False, False, False)
-    [pp] = plans_for(plan(opts, store), store)
+    [pp] = plans_for(make_plan(opts, store), store)
     shutil.copytree(entry["path"], pp.path)
     m = json.loads((pp.path / MANIFEST).read_text())
     st = (pp.path / "kload" / "kernel.h.gch").stat()
@@ -139,7 +140,7 @@ def test_precompiled_header_lifecycle(tmp_path, monkeypatch, caplog):
     (pp.path / MANIFEST).write_text(json.dumps(m))
     note = build("debugged", ["-O1", "-g"], offset=3)  # full.cpp holds the last edit
     assert "was not used: GCC refused it" in note and "building a new one" in note
-    assert precompile.wait(600, root=tmp_path / "cache")
+    assert pch_build.wait(600, root=tmp_path / "cache")
     assert build("debugged", ["-O1", "-g"], offset=4, src=source(tmp_path / "a", offset=4)).startswith(
         "used the precompiled")
     assert len(pch_entries(cache)) == 2  # one per flag set
@@ -155,7 +156,7 @@ def test_gcc_says_why_it_cannot_use_one(tmp_path, monkeypatch, capfd):
     monkeypatch.setenv("KLOAD_CACHE_DIR", str(tmp_path / "cache"))
     a = torch.ones(3)
     kload.load(source(tmp_path), name="first", reload=False).load()
-    assert precompile.wait(600, root=tmp_path / "cache")
+    assert pch_build.wait(600, root=tmp_path / "cache")
     define_first = write(tmp_path / "define_first.cpp", "#define CHECK_INPUT(x) (void)0\n"
                          + FULL_API.replace("OFFSET", "0"))
     capfd.readouterr()
@@ -163,7 +164,7 @@ def test_gcc_says_why_it_cannot_use_one(tmp_path, monkeypatch, capfd):
     torch.testing.assert_close(h.full(a, a), expected(a, a))
     out = capfd.readouterr()
     assert "not used because `CHECK_INPUT' is defined" in out.out + out.err
-    assert "may come before" in h._entry.manifest["pch"]["define_first.cpp"]
+    assert "may come before" in h.build().entry.manifest["pch"]["define_first.cpp"]
 
 
 def test_extension_h_is_precompiled_for_classic_sources(tmp_path, monkeypatch):
@@ -176,12 +177,12 @@ def test_extension_h_is_precompiled_for_classic_sources(tmp_path, monkeypatch):
     src = write(tmp_path / "twice.cpp", code % 2)
     h = kload.load(src, reload=False)
     assert h.twice(torch.ones(2)).tolist() == [2.0, 2.0]
-    assert h._entry.manifest["pch"]["twice.cpp"].startswith("no precompiled <torch/extension.h> yet")
-    assert precompile.wait(900, root=tmp_path / "cache")
+    assert h.build().entry.manifest["pch"]["twice.cpp"].startswith("no precompiled <torch/extension.h> yet")
+    assert pch_build.wait(900, root=tmp_path / "cache")
     write(src, code % 3)
     h = kload.load(src, reload=False)
     assert h.twice(torch.ones(2)).tolist() == [3.0, 3.0]
-    assert h._entry.manifest["pch"]["twice.cpp"].startswith("used the precompiled <torch/extension.h>")
+    assert h.build().entry.manifest["pch"]["twice.cpp"].startswith("used the precompiled <torch/extension.h>")
 
 
 def test_compilers_and_flags_where_no_pch_applies(tmp_path, monkeypatch):
@@ -190,20 +191,20 @@ def test_compilers_and_flags_where_no_pch_applies(tmp_path, monkeypatch):
     from kload.cache.store import Store
     from kload.options import make_options
     from kload.pch import not_applicable, plans_for
-    from kload.plan import plan
+    from kload.plan import make_plan
 
     store = Store(tmp_path / "cache")
     src = source(tmp_path)
-    p = plan(make_options("n", [src], [], [], [], [], False, False, False), store)
+    p = make_plan(make_options("n", [src], [], [], [], [], False, False, False), store)
     assert not_applicable(p) is None and [pp.header for pp in plans_for(p, store)] == ["kload/kernel.h"]
-    p.inputs["cxx"] = {"command": "clang++-14", "real": "/usr/lib/llvm-14/bin/clang", "family": "clang",
-                       "version": "clang 14.0.6"}  # what toolchain.compiler_identity says of a clang
+    p = dataclasses.replace(p, cxx={"command": "clang++-14", "real": "/usr/lib/llvm-14/bin/clang", "family": "clang",
+                                    "version": "clang 14.0.6"})  # what toolchain.compiler_identity says of a clang
     assert "is not GCC" in not_applicable(p) and plans_for(p, store) == []
     for flags in (["-include", "x.h"], ["-E"], ["-fsyntax-only"], ["-x", "c++"]):
-        p = plan(make_options("n", [src], flags, [], [], [], False, False, False), store)
+        p = make_plan(make_options("n", [src], flags, [], [], [], False, False, False), store)
         assert "rules it out" in not_applicable(p) and plans_for(p, store) == []
     monkeypatch.setenv("KLOAD_PCH", "0")
-    p = plan(make_options("n", [src], [], [], [], [], False, False, False), store)
+    p = make_plan(make_options("n", [src], [], [], [], [], False, False, False), store)
     assert not_applicable(p) == "KLOAD_PCH=0" and plans_for(p, store) == []
 
 
@@ -229,16 +230,16 @@ def test_a_killed_precompile_blocks_nothing(tmp_path, monkeypatch, tally):
     from kload.cache.store import Store
     from kload.options import make_options
     from kload.pch import plans_for
-    from kload.plan import plan
+    from kload.plan import make_plan
 
     cache = tmp_path / "cache"
     monkeypatch.setenv("KLOAD_CACHE_DIR", str(cache))
     store = Store(cache)
     store.prepare()
     opts = make_options("killed", [source(tmp_path)], ["-O2"], [], [], [], False, False, False)
-    [pp] = plans_for(plan(opts, store), store)
-    assert precompile.start(pp, store)
-    worker = precompile._started[(str(store.root), pp.key)]
+    [pp] = plans_for(make_plan(opts, store), store)
+    assert pch_build.start(pp, store)
+    worker = pch_build._started[(str(store.root), pp.key)]
     deadline = time.monotonic() + 120
     while not _compiler_running(worker.pid):
         assert time.monotonic() < deadline and worker.poll() is None, "the compiler never started"
@@ -246,9 +247,9 @@ def test_a_killed_precompile_blocks_nothing(tmp_path, monkeypatch, tally):
     os.killpg(worker.pid, signal.SIGKILL)
     worker.wait()
     tally("kills survived")
-    assert precompile.check(pp, store) is None and not pp.path.exists()
-    entry = precompile.build(pp.spec)  # takes the lock at once: the killed holder's lock died with it
-    assert entry is not None and precompile.check(pp, store) is not None
+    assert pch_build.check(pp, store) is None and not pp.path.exists()
+    entry = pch_build.build(pp.spec)  # takes the lock at once: the killed holder's lock died with it
+    assert entry is not None and pch_build.check(pp, store) is not None
 
 
 def _compiler_running(pgid: int) -> bool:

@@ -183,8 +183,8 @@ def test_cpu_only_key_differs_with_and_without_cuda_sources(tmp_path):
     if torch.version.cuda is not None:
         pytest.skip("a CUDA torch builds the .cu")
     from kload.cache.store import Store
-    from kload.options import make_options, resolve_paths
-    from kload.plan import plan
+    from kload.options import make_options, source_paths
+    from kload.plan import make_plan
 
     cpp = sadd_source(tmp_path)
     cu = write(tmp_path / "sadd_cuda.cu", "// no kernel yet\n")
@@ -193,8 +193,8 @@ def test_cpu_only_key_differs_with_and_without_cuda_sources(tmp_path):
     store = Store(knobs.cache_dir())
     keys = {}
     for sources in ([cpp], [cpp, cu]):
-        opts = make_options("sadd", resolve_paths(sources), None, None, None, None, False, False, False)
-        keys[len(sources)] = plan(opts, store).skey
+        opts = make_options("sadd", source_paths(sources), None, None, None, None, False, False, False)
+        keys[len(sources)] = make_plan(opts, store).skey
     assert keys[1] != keys[2]
 
 

@@ -9,24 +9,30 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = {"kload": ROOT / "loader", "kload.cache": ROOT / "cache"}
 
-# The order a load walks (docs/design.md). A module may import only from modules
-# listed before it: the basics (errors, the cache's modules, knobs) from any step.
+# The import layers, leaves first: a module may import only from modules listed before
+# it. The comments give each module's step of a load, in the order a load runs them
+# (docs/design.md); a step may call a later one (the front door calls the resolve),
+# so layers and steps differ: the basics and the facts of step 3 sit low.
 ORDER = [
     "kload.errors",                                                # basics
-    "kload.cache", "kload.cache.key", "kload.cache.store", "kload.cache.lock",
+    "kload.cache", "kload.cache.key", "kload.cache.store", "kload.cache.lock",   # 3, 5 the cache
+    "kload.cache.publish",                                         # 7 publish
     "kload.cache.bundle", "kload.cache.remote",
     "kload.knobs",
     "kload.options",                                               # 1 what the user passed
     "kload.progress",                                              # basics: the line the user sees
-    "kload.fingerprint", "kload.toolchain", "kload.linking", "kload.sources",  # 2 fingerprint and key inputs
-    "kload.plan", "kload.explain",                                 # 3 plan, source key
-    "kload.precompile", "kload.pch",                               # 4 precompiled headers
-    "kload.compilers", "kload.torchbuild", "kload.remote", "kload.build",  # 4 build
-    "kload.library",                                               # 5 load a library into the process
-    "kload.resolve",                                               # 6 hit record / full lookup / build
-    "kload.watch", "kload.handle",                                 # 7 the user's Handle
-    "kload.nvrtc", "kload.cubin", "kload.cudadrv", "kload.live_cuda",  # 7b device code: NVRTC, cache, driver, swap
-    "kload.api", "kload.ide", "kload.cpp_extension", "kload.magic", "kload.cli_cache", "kload.cli_remote", "kload.__main__", "kload",  # 8 front doors
+    "kload.fingerprint",                                           # 3 the hit record's fingerprint
+    "kload.toolchain", "kload.linking", "kload.sources",           # 4 (7) key inputs; the link
+    "kload.plan", "kload.explain",                                 # 4 the plan, its key; 5 a refusal says why
+    "kload.pch_build", "kload.pch",                               # 7 precompiled headers
+    "kload.compilers", "kload.torchbuild", "kload.build",          # 7 the compile
+    "kload.remote",                                                # 6 the remote cache
+    "kload.library",                                               # 8 load a library into the process
+    "kload.obtain",                                                # 5 the miss: lock, look, fetch, compile, publish
+    "kload.resolve",                                               # 2 hit record, else plan and the miss
+    "kload.watch", "kload.handle",                                 # 1 and 8 the user's Handle
+    "kload.nvrtc", "kload.cubin", "kload.cudadrv", "kload.live_cuda",  # device code: NVRTC, cache, driver, swap
+    "kload.api", "kload.ide", "kload.cpp_extension", "kload.magic", "kload.cli_cache", "kload.cli_remote", "kload.__main__", "kload",  # 1 front doors
 ]
 
 

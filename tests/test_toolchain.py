@@ -190,7 +190,7 @@ def test_gcc_behind_ccache_is_gcc_and_keeps_the_precompiled_header(tmp_path, mon
     if not Path("/usr/lib/ccache/c++").exists():
         pytest.skip("Debian's ccache is not installed (make test installs it as root)")
     from kload import toolchain
-    from kload.plan import plan
+    from kload.plan import make_plan
     from kload.options import Options
     from kload.cache.store import Store
     from kload import pch
@@ -205,7 +205,7 @@ def test_gcc_behind_ccache_is_gcc_and_keeps_the_precompiled_header(tmp_path, mon
     # what the key holds is what compiles, not how it is reached: the same with ccache in front or not
     assert {k: v for k, v in ident.items() if k != "command"} == {k: v for k, v in plain.items() if k != "command"}
     src = write(tmp_path / "tc_pch.cpp", OPLIB.replace("#define KLOAD_LEAN\n", ""))
-    p = plan(Options("tc_pch", [src]), Store(tmp_path / "cache"))
+    p = make_plan(Options("tc_pch", [src]), Store(tmp_path / "cache"))
     assert pch.not_applicable(p) is None and pch.plans_for(p, Store(tmp_path / "cache"))
 
 
