@@ -19,6 +19,20 @@ def py(code: str, env: dict | None = None, timeout: float = 1800) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+COMPILERS = ("nvcc", "cudafe++", "cicc", "ptxas", "cc1plus", "ld")
+
+
+def wait_quiet(limit: float = 600.0) -> None:
+    """Wait until no compiler runs on this machine (a timed edit must not share the cores)."""
+    end = time.monotonic() + limit
+    while time.monotonic() < end:
+        busy = [c for c in COMPILERS if subprocess.run(["pgrep", "-x", c], capture_output=True).returncode == 0]
+        if not busy:
+            return
+        time.sleep(1.0)
+    sys.exit(f"compilers still running after {limit:.0f} s: {', '.join(busy)}")
+
+
 CELL = """at::Tensor twice(const at::Tensor& x) { return x * 2; }
 KLOAD_LIBRARY(m) { m.def("twice(Tensor x) -> Tensor"); }
 KLOAD_IMPL(CPU, m) { m.impl("twice", &twice); }"""

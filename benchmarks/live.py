@@ -1,6 +1,7 @@
 """Live editing, measured in one run: how long an edit takes to run.
 
     python benchmarks/live.py [--repeat N]
+    .venv-next/bin/python benchmarks/live.py --cuda [--repeat N]     (the CUDA rows: live_cuda.py)
 
 Edit-to-new-result: a one-line change is saved to a source that a live handle
 watches (reload on save), and the clock runs until a call returns the new value.
@@ -212,7 +213,14 @@ LABELS = {
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeat", type=int, default=3, help="timed edits per row")
+    ap.add_argument("--cuda", action="store_true",
+                    help="the CUDA rows instead (live_cuda.py: NVRTC, nvcc with and without ATen, torch's load_inline)")
     args = ap.parse_args()
+    if args.cuda:
+        import live_cuda
+
+        live_cuda.main(args.repeat)
+        return
     import torch
 
     work = Path(tempfile.mkdtemp(prefix="kload-live-"))

@@ -25,14 +25,12 @@ import os
 import shlex
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import py  # noqa: E402
+from common import py, wait_quiet  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 CU, CPP = ROOT / "examples" / "tutorial_my_ops_cuda.cu", ROOT / "examples" / "tutorial_my_ops_cuda.cpp"
@@ -53,20 +51,6 @@ load(name="tutorial_cuda", sources=[{cpp!r}, {cu!r}], build_directory={ws!r},
 print(json.dumps(time.perf_counter() - t))
 """
 CHECKS = shlex.quote("-DCHECK_INPUT(x)=TORCH_CHECK(x.is_contiguous())")  # the tutorial uses it undefined; torch cannot build it
-
-
-COMPILERS = ("nvcc", "cudafe++", "cicc", "ptxas", "cc1plus", "ld")
-
-
-def wait_quiet(limit: float = 600.0) -> None:
-    """Wait until no compiler runs on this machine (a timed edit must not share the cores)."""
-    end = time.monotonic() + limit
-    while time.monotonic() < end:
-        busy = [c for c in COMPILERS if subprocess.run(["pgrep", "-x", c], capture_output=True).returncode == 0]
-        if not busy:
-            return
-        time.sleep(1.0)
-    sys.exit(f"compilers still running after {limit:.0f} s: {', '.join(busy)}")
 
 
 def main() -> None:

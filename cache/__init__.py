@@ -1,4 +1,5 @@
-"""Where builds live: content-hashed keys, the on-disk store, and the build lock.
+"""Step 2 of a load, the hit path: where builds live (content-hashed keys, the on-disk
+store, the build lock), and the hit record.
 
 This module holds what a cache hit needs and nothing more (a hit imports no
 other module of the package): entries and their manifests, stat stamps, the

@@ -1,4 +1,4 @@
-"""Cache keys: canonical JSON (types are part of the syntax) hashed with SHA-256.
+"""Step 3 of a load (the key): cache keys: canonical JSON (types are part of the syntax) hashed with SHA-256.
 
 Two-level, as ccache's direct mode: the *source key* covers everything known
 before compiling (sources, flags, toolchain, environment); the *key* adds the

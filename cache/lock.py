@@ -1,4 +1,4 @@
-"""The build lock: an OS lock (flock) that dies with its holder.
+"""Step 4 of a load: the build lock, an OS lock (flock) that dies with its holder.
 
 A process killed mid-build leaves a lock *file* but no lock: the next process
 takes it at once. Waiters are told who they wait for instead of hanging silently.

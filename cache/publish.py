@@ -1,7 +1,7 @@
 """Step 7 of a load (and every other way an entry arrives): publish.
 
 One way in for every kind of entry: a build's library (obtain.py), a precompiled
-header (precompile.py), an NVRTC cubin (cubin.py), a bundle's entry (bundle.py) and
+header (pch_build.py), an NVRTC cubin (cubin.py), a bundle's entry (bundle.py) and
 a remote download (remote.py, through bundle.py). Each fills a staging directory
 beside the entries; :func:`publish` writes its manifest, renames it into place and
 adds it to the index last, so a reader finds no entry or a whole one.
@@ -17,7 +17,7 @@ from typing import Callable
 
 from . import LAST_USED, MANIFEST, SCHEMA, Entry
 from .key import file_sha256, stat_stamp
-from .store import Store, discard, write_json_atomic
+from .store import GRACE, Store, discard, write_json_atomic
 
 
 def stage(store: Store, dest_name: str) -> Path:
@@ -64,7 +64,11 @@ def publish(store: Store, staged: Path, dest_name: str, manifest: dict, *, candi
         shutil.rmtree(staged, ignore_errors=True)
         raise
     if candidate is not None:
-        store.add_candidate(manifest["source_key"], dict(candidate, entry=dest_name))
+        try:
+            store.add_candidate(manifest["source_key"], dict(candidate, entry=dest_name))
+        except BaseException:  # an entry no index names would only take space: never half a publish
+            discard(dest)
+            raise
     return Entry(dest, manifest)
 
 
@@ -87,3 +91,23 @@ def publish_artifact(store: Store, built_artifact: Path, *, name: str, skey: str
         shutil.rmtree(staged, ignore_errors=True)
         raise
     return publish(store, staged, dest_name, full, candidate={"key": key, "headers": headers, "stamps": stamps})
+
+
+def sweep(store: Store, older_than: float = GRACE) -> int:
+    """Delete staging and moved-aside directories among the entries older than
+    ``older_than`` seconds: a process killed between its staging and its rename left
+    them, and no lookup, eviction or listing sees them. Returns how many went."""
+    gone = 0
+    try:
+        names = [n for n in os.listdir(store.entries) if n.startswith((".staging-", ".trash-"))]
+    except OSError:
+        return 0
+    for n in names:
+        try:
+            old = time.time() - (store.entries / n).stat().st_mtime > older_than
+        except OSError:
+            continue
+        if old:
+            shutil.rmtree(store.entries / n, ignore_errors=True)
+            gone += 1
+    return gone

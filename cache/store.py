@@ -106,8 +106,12 @@ def move_aside(path: Path) -> Path:
 
 
 def discard(path: Path) -> None:
-    """:func:`move_aside`, then delete."""
-    shutil.rmtree(move_aside(path), ignore_errors=True)
+    """:func:`move_aside`, then delete (nothing to do if it is gone already)."""
+    try:
+        trash = move_aside(path)
+    except FileNotFoundError:
+        return
+    shutil.rmtree(trash, ignore_errors=True)
 
 
 def write_json_atomic(path: Path, obj) -> None:

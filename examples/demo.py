@@ -33,7 +33,7 @@ def main() -> None:
     t = time.perf_counter()
     c = ops.vector_add(a, b)                           # first use: compile, or find in the cache
     first = time.perf_counter() - t
-    how = kload.HISTORY[-1]["how"]
+    how = ops.build().how                              # the artifact's path, and how it was found
     print(f"first use ({'compiled' if how == 'built' else 'cache hit'}) in {first:.2f} s: {c.tolist()}")
     assert torch.equal(c, a + b)
 
@@ -84,7 +84,7 @@ def live_edit(a, b) -> None:
     t = time.perf_counter()
     while not torch.equal(out := ops.vector_add(a, b), a + b * 2):
         time.sleep(0.01)
-    note = next(iter((kload.HISTORY[-1].get("pch") or {}).values()), "")
+    note = next(iter((ops.build().entry.manifest.get("pch") or {}).values()), "")
     print(f"edit -> new result in {time.perf_counter() - t:.2f} s: {out.tolist()} ({note})")
     shutil.rmtree(src.parent, ignore_errors=True)
 

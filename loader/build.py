@@ -47,7 +47,7 @@ def ninja_deps(ws: Path) -> dict[str, list[str]]:
     return deps
 
 
-def header_closure(ws: Path, plan: Plan, deps: dict[str, list[str]], pchs: pch.Use
+def header_closure(ws: Path, plan: Plan, deps: dict[str, list[str]], pchs: pch.PrecompiledHeaders
                    ) -> tuple[dict[str, str], dict[str, list | None]]:
     """Every local header the compiler read, with its content hash and stat stamp.
     A precompiled header's stub and .gch are left out (the PCH key covers them);

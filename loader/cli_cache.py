@@ -174,8 +174,11 @@ def cmd_prune(args) -> int:
 def cmd_clear(args) -> int:
     from filelock import FileLock, Timeout
 
+    from kload.cache.publish import sweep
+
     store = open_store()
     n = kept = 0
+    sweep(store)  # half-published directories of killed processes (not a running one's)
     for e in store.all_entries():
         if store.remove(e, force_recent=True):
             n += 1

@@ -14,7 +14,7 @@ import errno
 
 from kload.cache import Entry
 from kload.cache.lock import build_lock
-from kload.cache.publish import publish_artifact
+from kload.cache.publish import publish_artifact, sweep
 from kload.cache.store import Store, writable_error
 
 from . import build, knobs
@@ -73,6 +73,7 @@ def obtain(plan: Plan, store: Store, *, may_compile: bool) -> tuple[Entry, str, 
     # owns those namespaces now, so a load() after build() is no second owner
     claim_fixed_namespaces(entry.manifest.get("fixed_namespaces") or [], entry.key)
     store.evict_after_publish(entry.path.name, knobs.cache_max_size())   # 7. evict
+    sweep(store)  # and what processes killed mid-publish left
     return entry, "built", seconds
 
 

@@ -217,10 +217,10 @@ class PrecompiledHeaders:
 def prebuild(opts, store: Store) -> list[PchPlan]:
     """Start background builds of the precompiled headers ``opts`` would use (for
     ``%load_ext kload``: before the first cell). Returns those started."""
-    from .plan import plan
+    from .plan import make_plan
 
     started = []
-    p = plan(opts, store)
+    p = make_plan(opts, store)
     for pp in plans_for(p, store):
         if check(pp, store) is None and start(pp, store):
             started.append(pp)

@@ -213,7 +213,7 @@ def build(spec: dict, *, wait: bool = False) -> Entry | None:
 
 
 def _publish(store: Store, pp: PchPlan, gch: Path, headers: dict, extra: dict) -> Entry:
-    """The .gch and its stub into a staging directory, then published (cache/store.py):
+    """The .gch and its stub into a staging directory, then published (cache/publish.py):
     a reader sees no entry or a whole one."""
     staged = stage(store, pp.path.name)
     try:

@@ -141,9 +141,9 @@ def make_plan(opts: Options, store: Store) -> Plan:
     """Scan the sources and decide the build: style, flags, toolchain identities.
     No subprocess runs when the compilers and the sources' scan are in the cache's memo."""
     scans = toolchain.memo(store.root).setdefault("source_scans", {})
-    before = len(scans.get("found") or {})
+    before = (scans.get("version"), len(scans.get("found") or {}))
     sset = scan(opts.paths, scans)
-    if len(scans["found"]) != before:
+    if (scans["version"], len(scans["found"])) != before:
         toolchain.save_memo(store.root)
     if not (sset.op_library or sset.python_module or sset.fixed_namespaces or opts.standalone or opts.as_torch):
         raise no_bindings(sset)

@@ -1,5 +1,5 @@
-"""What a user sees while kload works: one live line during a build, then a
-one-line summary.
+"""Step 6 of a load (and a hit's one line): what a user sees while kload works: one
+live line during a build, then a one-line summary.
 
 - In a notebook: a display that updates in place (IPython.display), then the summary.
 - In a terminal: the same line on stderr (tqdm draws and clears it).

@@ -55,6 +55,9 @@ class Resolved(str):
         self.entry, self.how, self.seconds, self.plan = entry, how, seconds, plan
         return self
 
+    def __reduce__(self):  # pickled or copied, it is the path (a plain str), as build() returned before
+        return (str, (str(self),))
+
     @property
     def sources(self) -> list[str]:
         """Every source of the library, built or not."""

@@ -164,6 +164,38 @@ def test_knobs_scoped_sets_for_a_block_and_restores(monkeypatch):
     assert os.environ["KLOAD_PCH"] == "1"
 
 
+def test_what_build_returns_is_the_path_pickled_and_copied(tmp_path):
+    import copy
+    import pickle
+
+    from kload.cache import Entry
+    from kload.resolve import Resolved
+
+    got = Resolved(Entry(tmp_path / "e", {"artifact": "x.so", "name": "x"}), "cache", 0.001)
+    assert got == str(tmp_path / "e" / "x.so") and got.how == "cache" and got.plan is None
+    for back in (pickle.loads(pickle.dumps(got)), copy.copy(got), copy.deepcopy(got)):
+        assert back == got and type(back) is str  # the path, as build() returned before
+
+
+def test_half_published_directories_are_swept_once_old(tmp_path):
+    """A process killed between staging an entry and renaming it leaves a hidden directory
+    that no lookup or eviction sees: old ones go at the next build and `cache clear`; a
+    publish in progress (a fresh one) is left alone."""
+    from kload.cache.publish import sweep
+
+    store = Store(tmp_path / "cache")
+    store.prepare()
+    old = [store.entries / ".staging-lib-0123456789abcdef-a1b2c3", store.entries / ".trash-lib-x-d4e5f6"]
+    fresh = store.entries / ".staging-lib-fedcba9876543210-0f0f0f"
+    for d in old + [fresh]:
+        (d / "sub").mkdir(parents=True)
+        (d / "sub" / "lib.so").write_bytes(b"x" * 100)
+    for d in old:
+        os.utime(d, (time.time() - 3600, time.time() - 3600))
+    assert sweep(store) == 2
+    assert fresh.is_dir() and not any(d.exists() for d in old)
+
+
 def test_cache_location_rules(monkeypatch, tmp_path):
     from kload import knobs
 

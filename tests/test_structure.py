@@ -15,20 +15,20 @@ PACKAGES = {"kload": ROOT / "loader", "kload.cache": ROOT / "cache"}
 # so layers and steps differ: the basics and the facts of step 3 sit low.
 ORDER = [
     "kload.errors",                                                # basics
-    "kload.cache", "kload.cache.key", "kload.cache.store", "kload.cache.lock",   # 3, 5 the cache
+    "kload.cache", "kload.cache.key", "kload.cache.store", "kload.cache.lock",   # 2 hit record, 3 key, 4 lookup, lock
     "kload.cache.publish",                                         # 7 publish
-    "kload.cache.bundle", "kload.cache.remote",
+    "kload.cache.bundle", "kload.cache.remote",                    # bundles; 5 the remote cache's server
     "kload.knobs",
     "kload.options",                                               # 1 what the user passed
-    "kload.progress",                                              # basics: the line the user sees
-    "kload.fingerprint",                                           # 3 the hit record's fingerprint
-    "kload.toolchain", "kload.linking", "kload.sources",           # 4 (7) key inputs; the link
-    "kload.plan", "kload.explain",                                 # 4 the plan, its key; 5 a refusal says why
-    "kload.pch_build", "kload.pch",                               # 7 precompiled headers
-    "kload.compilers", "kload.torchbuild", "kload.build",          # 7 the compile
-    "kload.remote",                                                # 6 the remote cache
+    "kload.progress",                                              # 6 the line the user sees (basics)
+    "kload.fingerprint",                                           # 2 the hit record's fingerprint; the facts
+    "kload.toolchain", "kload.linking", "kload.sources",           # 3 key inputs; 6 the link
+    "kload.plan", "kload.explain",                                 # 3 the plan, its key; 4 a refusal says why
+    "kload.pch_build", "kload.pch",                                # 6 precompiled headers
+    "kload.compilers", "kload.torchbuild", "kload.build",          # 6 the compile
+    "kload.remote",                                                # 5 the remote cache
     "kload.library",                                               # 8 load a library into the process
-    "kload.obtain",                                                # 5 the miss: lock, look, fetch, compile, publish
+    "kload.obtain",                                                # 4-7 the miss: look, lock, fetch, compile, publish
     "kload.resolve",                                               # 2 hit record, else plan and the miss
     "kload.watch", "kload.handle",                                 # 1 and 8 the user's Handle
     "kload.nvrtc", "kload.cubin", "kload.cudadrv", "kload.live_cuda",  # device code: NVRTC, cache, driver, swap
