@@ -30,7 +30,7 @@ from common import py, wait_quiet
 
 KERNEL = '__global__ void bump_kernel(const float* x, float* out, long long n) {{\n' \
          '  long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;\n' \
-         '  if (i < n) out[i] = x[i] * 2 + {value}f;\n}}\n'
+         '  if (i < n) out[i] = x[i] * 2 + {value}.0f;\n}}\n'
 
 FILES = {
     "NVRTC (kload.cuda_module)": {
