@@ -27,8 +27,9 @@ log = logging.getLogger("kload")
 class Plan:
     """The build as kload will run it: every decision made before compiling, typed.
 
-    The cache key's inputs are derived from it (:meth:`key_inputs`); only hashing
-    (``skey``) and ``explain`` read that dict, every later step reads these fields.
+    The cache key's inputs are derived from it (:meth:`key_inputs`): hashed (``skey``, the
+    build directory's name), stored in the manifest, compared by ``explain``; every step
+    that decides something reads these fields, never that dict.
     """
 
     opts: Options

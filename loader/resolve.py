@@ -74,7 +74,8 @@ class Resolved(str):
             (read_json(self.entry.path / MANIFEST) or {}).get("inputs")
         if not inputs:
             return None
-        return Store(Path(knobs.cache_root())).build_dir(self.entry.manifest.get("name", ""), inputs)
+        root = self.entry.path.parent.parent  # <cache>/entries/<entry>: the cache it was found in
+        return Store(root).build_dir(self.entry.manifest.get("name", ""), inputs)
 
 
 def _write_hit_record(store, plan, entry: Entry, fp: str, cxx: str) -> None:
