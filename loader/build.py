@@ -12,9 +12,8 @@ import shutil
 import subprocess
 import time
 import uuid
-from pathlib import Path
-
 from dataclasses import dataclass
+from pathlib import Path
 
 from kload.cache.key import file_sha256, full_key, stat_stamp
 from kload.cache.store import Store, move_aside, read_json, write_atomic, write_json_atomic
