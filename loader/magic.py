@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import shlex
 import time
+from contextlib import contextmanager
 
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
@@ -61,6 +62,21 @@ def cell_error_text(name: str, err: CompileError, cell_file: str) -> str:
     return "\n".join(lines)
 
 
+@contextmanager
+def cell_errors(name: str | None = None, cell_file: str | None = None, catch=(KloadError, OSError),
+                prefix: str = "kload: "):
+    """What goes wrong in a cell as a short CellError: a compile error in the cell's line
+    numbers (with ``cell_file``), anything else of ``catch`` as its message."""
+    try:
+        yield
+    except CompileError as e:
+        if cell_file is None:
+            raise CellError(str(e) if str(e).startswith("kload:") else prefix + str(e)) from None
+        raise CellError(cell_error_text(name, e, cell_file)) from None
+    except catch as e:
+        raise CellError(str(e) if str(e).startswith("kload:") else prefix + str(e)) from None
+
+
 def has_bindings(cell: str) -> bool:
     """Whether a cell registers ops or a module (else a ``--cuda`` cell is device code alone)."""
     from .sources import binding_style
@@ -75,13 +91,9 @@ def device_code_cell(name: str, source, nvrtc_flags: list[str], include: list[st
     an op that launches ``NAME[...]`` in its body runs them at its next call."""
     from .live_cuda import cuda_module
 
-    try:
+    with cell_errors(name, cell_file):  # also: no NVRTC here, a missing -I
         mod = cuda_module(source, options=nvrtc_flags, include_paths=include, reload=False)
         mod.compile()
-    except CompileError as e:
-        raise CellError(cell_error_text(name, e, cell_file)) from None
-    except (KloadError, OSError) as e:  # no NVRTC here, a missing -I
-        raise CellError(str(e) if str(e).startswith("kload:") else f"kload: {e}") from None
     return mod
 
 
@@ -102,11 +114,9 @@ class KloadMagics(Magics):
     def kload(self, line, cell):
         """Compile the cell's C++/CUDA (or find it in the cache) and bind NAME to it."""
         args = parse_argstring(self.kload, line)
-        try:
+        with cell_errors(catch=ValueError, prefix=f"kload: %%kload {line}: "):  # a bad name, an unbalanced quote
             name = check_name(args.name)
             flags = [shlex.split(f) for f in (args.cflags, args.cuda_cflags, args.ldflags)]
-        except ValueError as e:  # a bad name, an unbalanced quote
-            raise CellError(str(e) if str(e).startswith("kload:") else f"kload: %%kload {line}: {e}") from None
         suffix = ".cu" if args.cuda else ".cpp"
         device_only = args.cuda and not has_bindings(cell)
         cell_text = f"%%kload {line}\n{cell}"
@@ -119,15 +129,12 @@ class KloadMagics(Magics):
         if device_only:
             self.shell.user_ns[name] = device_code_cell(name, source, flags[1], args.include, cell_file)
             return
-        try:
+        # CUDA cannot be built here, a missing -I: the message
+        with cell_errors(name, cell_file, catch=(KloadError, FileNotFoundError)):
             handle = load(source, name=name, extra_cflags=flags[0], extra_cuda_cflags=flags[1],
                           extra_ldflags=flags[2], extra_include_paths=args.include,
                           debug=True if args.debug else None, reload=False)
             handle.load()
-        except CompileError as e:
-            raise CellError(cell_error_text(name, e, cell_file)) from None
-        except (KloadError, FileNotFoundError) as e:  # CUDA cannot be built here, a missing -I: the message
-            raise CellError(str(e) if str(e).startswith("kload:") else f"kload: {e}") from None
         self.shell.user_ns[name] = handle
 
     @line_magic("kload")
@@ -140,10 +147,8 @@ class KloadMagics(Magics):
 
             if len(words) < 2:
                 raise CellError("kload: %kload ide needs SOURCES (the .cpp/.cu files of one library)")
-            try:
+            with cell_errors():
                 target, n = write_ide(load(*words[1:], reload=False))
-            except (KloadError, OSError) as e:
-                raise CellError(str(e) if str(e).startswith("kload:") else f"kload: {e}") from None
             print(f"{target}: {n} compile command{'s' if n != 1 else ''}")
             return
         print(f"kload cache: {knobs.cache_dir()}")
