@@ -24,6 +24,7 @@ def load(
     verbose: bool = False,
     debug: bool | None = None,
     reload: bool | None = None,
+    device_code: str | os.PathLike | None = None,
 ) -> Handle:
     """A handle to the ops in ``sources`` (.cpp/.cu); nothing compiles until first use.
 
@@ -48,13 +49,18 @@ def load(
         reload: Watch the sources and the headers they include; the next access after
             a save runs the new code. None: ``KLOAD_RELOAD``, else on in
             IPython/Jupyter and interactive sessions.
+        device_code: A file of CUDA device code (``__global__`` functions, no host code)
+            whose kernels the sources launch by name through ``kload::live::Kernel``
+            (``<kload/live.h>``). NVRTC compiles it when the library loads (a cache hit
+            after the first time), and again after each edit: the same ops then launch
+            the new kernels, and the sources are not rebuilt. None: no device code.
 
     Returns:
         A :class:`kload.Handle`, nothing hashed or compiled yet: the first op access
         (or ``.load()``, ``.build()``) builds or finds the library in the cache.
 
     Raises:
-        FileNotFoundError: A source file or an include directory does not exist.
+        FileNotFoundError: A source file, an include directory or ``device_code`` does not exist.
         KloadError: A source has an unsupported suffix, is listed twice, or shares
             its file name with another C++ source; or no source was given.
         TypeError: A source is not a ``str`` or ``Path``; a flag argument is a
@@ -65,7 +71,7 @@ def load(
         sources = tuple(sources[0])
     paths = source_paths(list(sources))
     opts = make_options(name, paths, extra_cflags, extra_cuda_cflags, extra_ldflags,
-                        extra_include_paths, verbose, debug, reload)
+                        extra_include_paths, verbose, debug, reload, device_code=device_code)
     return Handle(opts)
 
 

@@ -37,6 +37,7 @@ class Handle:
         d["_stale"] = False       # a watched file changed: rebuild at the next access
         d["_files"] = set()       # what the watcher looks at (sources + local headers), if watched
         d["_last_error"] = None   # the rebuild error reported last (each is reported once)
+        d["_device"] = None       # the device code's CudaModule (device_code=), made at the first load
 
     # -- public API (few names, so they rarely shadow an op; ops stay reachable via .ops) --
     def build(self) -> Resolved:
@@ -76,14 +77,18 @@ class Handle:
         return self
 
     def reload(self) -> bool:
-        """Check the sources and headers now; rebuild and switch to the new code if
-        they changed. A failed rebuild is reported and the last good build keeps serving.
+        """Check the sources and headers now (and the device code, with ``device_code=``);
+        rebuild and switch to the new code if they changed. A failed rebuild is reported
+        and the last good build keeps serving.
 
         Returns:
             True when new code was loaded.
         """
         self.__dict__["_stale"] = True
-        return self._refresh()
+        rebuilt = self._refresh()
+        if self._device is not None:  # the device code too (its own key; the glue is not rebuilt for it)
+            return self._device.reload() or rebuilt
+        return rebuilt
 
     @property
     def ops(self):
@@ -141,9 +146,22 @@ class Handle:
                 if self._resolved is None:
                     self._record(resolve_entry(self._opts))
                 with entry_in_use(self._entry.path):
-                    self.__dict__["_loaded"] = load_entry(self._entry)
+                    loaded = load_entry(self._entry)
+                    self._bind_device_code(loaded)
+                self.__dict__["_loaded"] = loaded
                 self._watch()
             return self._loaded
+
+    def _bind_device_code(self, loaded: Loaded) -> None:
+        """device_code=: bind the library's kernel slots to the NVRTC-compiled kernels
+        (kload.live_glue), and keep them bound after each edit of the device code."""
+        if self._opts.device_code is None:
+            return
+        from . import live_cuda, live_glue  # only here: the CPU-only path imports nothing of CUDA
+
+        if self._device is None:
+            self.__dict__["_device"] = live_cuda.CudaModule(self._opts.device_code, reload=self._opts.reload)
+        live_glue.attach(self._device, str(loaded.entry.artifact))
 
     def _watch(self) -> None:
         if self._opts.reload:  # reload() checks through the key and needs no file list
@@ -176,6 +194,7 @@ class Handle:
                     return False
                 with entry_in_use(resolved.entry.path):
                     loaded = load_entry(resolved.entry)
+                    self._bind_device_code(loaded)
             except (KloadError, OSError) as e:
                 text = str(e)
                 if text != self._last_error:

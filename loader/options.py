@@ -89,10 +89,10 @@ class Options:
     """What the caller asked for, validated."""
 
     __slots__ = ("name", "paths", "cflags", "cuda_cflags", "ldflags", "include_paths", "verbose", "debug",
-                 "reload", "with_cuda", "standalone", "as_torch")
+                 "reload", "with_cuda", "standalone", "as_torch", "device_code")
 
     def __init__(self, name, paths, cflags=(), cuda_cflags=(), ldflags=(), include_paths=(), verbose=False,
-                 debug=False, reload=False, with_cuda=None, standalone=False, as_torch=False):
+                 debug=False, reload=False, with_cuda=None, standalone=False, as_torch=False, device_code=None):
         self.name, self.paths = name, list(paths)
         self.cflags, self.cuda_cflags, self.ldflags = list(cflags), list(cuda_cflags), list(ldflags)
         self.include_paths, self.verbose, self.debug = list(include_paths), verbose, debug
@@ -101,6 +101,9 @@ class Options:
         # standalone builds an executable (no bindings, nothing loaded)
         self.with_cuda, self.standalone = with_cuda, standalone
         self.as_torch = as_torch  # torch's loader builds sources whose bindings kload cannot see: so does this
+        # a file of device code whose kernels the glue launches by name (kload/live.h): compiled by
+        # NVRTC and bound after the library loads (live_glue.py); not part of the library's key
+        self.device_code = device_code
 
 
 def _flag_list(value, what: str, kinds=(str,)) -> list:
@@ -116,12 +119,19 @@ def _flag_list(value, what: str, kinds=(str,)) -> list:
 
 
 def make_options(name, paths, extra_cflags, extra_cuda_cflags, extra_ldflags, extra_include_paths,
-                 verbose, debug, reload=None, with_cuda=None, standalone=False, as_torch=False) -> Options:
+                 verbose, debug, reload=None, with_cuda=None, standalone=False, as_torch=False,
+                 device_code=None) -> Options:
     incs = [os.path.abspath(os.path.expanduser(os.fspath(p)))
             for p in _flag_list(extra_include_paths, "extra_include_paths", (str, os.PathLike))]
     for inc in incs:
         if not os.path.isdir(inc) and not as_torch:  # torch's loader passes a missing one on to the compiler
             raise FileNotFoundError(f"kload: include directory not found: {inc}")
+    if device_code is not None:
+        if not isinstance(device_code, (str, os.PathLike)):
+            raise TypeError(f"kload: device_code must be a path, got {type(device_code).__name__}: {device_code!r}")
+        device_code = os.path.abspath(os.path.expanduser(os.fspath(device_code)))
+        if not os.path.isfile(device_code):
+            raise FileNotFoundError(f"kload: device code file not found: {device_code}")
     return Options(
         name=check_name(name if name is not None else default_name(paths[0])),
         paths=paths,
@@ -135,4 +145,5 @@ def make_options(name, paths, extra_cflags, extra_cuda_cflags, extra_ldflags, ex
         with_cuda=None if with_cuda is None else bool(with_cuda),
         standalone=bool(standalone),
         as_torch=bool(as_torch),
+        device_code=device_code,
     )

@@ -112,6 +112,14 @@ def test_options_are_checked_at_creation(tmp_path):
         kload.cuda_module(tmp_path / "nope.cu", reload=False)
 
 
+def test_device_code_is_checked_at_load(tmp_path):
+    src = write(tmp_path / "glue.cpp", "#include <kload/live.h>\n")
+    with pytest.raises(FileNotFoundError, match="device code file not found"):
+        kload.load(src, device_code=tmp_path / "nope.cu")
+    with pytest.raises(TypeError, match="device_code must be a path"):
+        kload.load(src, device_code=3)
+
+
 @pytest.mark.parametrize("fast", [False, True], ids=["pack", "Packer"])
 def test_arguments_are_packed_by_the_kernels_parameters(fast):
     import ctypes
@@ -300,6 +308,98 @@ def test_entries_are_listed_and_verified_like_the_others(kdir):
     assert verify.returncode == 0, verify.stdout + verify.stderr
 
 
+# -- C++ glue that launches the kernels by name (kload/live.h, device_code=) -------------
+
+# One glue library for every test here (one build: its key is the glue's text, not the device code's,
+# which each test keeps in its own folder). `how` picks a launch, right or wrong on purpose.
+GLUE = """\
+    #include <kload/kernel.h>
+    #include <kload/live.h>
+    static kload::live::Kernel saxpy_f("saxpy<float>");
+    static kload::live::Kernel fill("fill");
+    at::Tensor run(const at::Tensor& x, double a, int64_t how) {
+      auto out = at::empty_like(x);
+      const int64_t n = x.numel();
+      const kload::live::Config one_per_element{(n + 255) / 256, 256};
+      switch (how) {
+        case 0: saxpy_f[one_per_element](out, x, x, float(a), n); break;
+        case 1: saxpy_f[one_per_element](out, x, x, a, n); break;            // a double for `float a`
+        case 2: saxpy_f[one_per_element](out, x, x, float(a)); break;        // one argument short
+        case 3: saxpy_f[{0, 256}](out, x, x, float(a), n); break;            // an empty grid
+        case 4: saxpy_f[{1, {32, 32, 2}}](out, x, x, float(a), n); break;    // 2048 threads
+        case 5: fill[{(n + 255) / 256, 256}](out, float(a), int(n)); break;
+        case 6: fill[{1, 32, 1 << 24}](out, float(a), int(n)); break;       // 16 MiB of shared memory
+      }
+      return out;
+    }
+    KLOAD_LIBRARY(m) { m.def("run(Tensor x, float a, int how) -> Tensor"); }
+    KLOAD_IMPL(CPU, m) { m.impl("run", &run); }
+    KLOAD_IMPL(CUDA, m) { m.impl("run", &run); }
+"""
+
+
+@pytest.fixture(scope="module")
+def glue_file(tmp_path_factory):
+    return write(tmp_path_factory.mktemp("glue") / "glue.cpp", GLUE)
+
+
+def _glue(glue_file, kdir):
+    return kload.load(glue_file, device_code=kdir / "saxpy.cu", reload=False)
+
+
+@needs_nvrtc
+def test_glue_binds_its_kernels_by_name_and_checks_each_launch(glue_file, kdir):
+    ops = _glue(glue_file, kdir)
+    x = torch.ones(4)
+    ops.load()
+    assert ops._device.compiles == 1 and sorted(ops._device._names) == ["fill", "saxpy<float>"]
+    # the kernels' parameters came with the binding: a launch is checked before any device is asked for
+    with pytest.raises(TypeError, match=r"saxpy<float> \(saxpy.cu\): argument 3 is a double, the kernel takes "
+                                        r"a float there"):
+        ops.run(x, 2.0, 1)
+    with pytest.raises(TypeError, match=r"saxpy<float> \(saxpy.cu\) takes 5 arguments, the launch passes 4"):
+        ops.run(x, 2.0, 2)
+    with pytest.raises(ValueError, match=r"saxpy<float>: grid.x = 0; CUDA allows 1 to 2147483647"):
+        ops.run(x, 2.0, 3)
+    with pytest.raises(ValueError, match="a block of 2048 threads; CUDA allows at most 1024"):
+        ops.run(x, 2.0, 4)
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="argument 0 is a tensor on cpu; the kernel runs on a CUDA device"):
+            ops.run(x, 2.0, 0)
+
+
+@needs_nvrtc
+def test_an_edit_of_the_device_code_rebinds_without_rebuilding_the_glue(glue_file, kdir, caplog):
+    from kload import nvrtc
+
+    ops = _glue(glue_file, kdir)
+    glue_path = ops.build()
+    ops.load()
+    target = next(iter(ops._device._images))  # the GPU's architecture; sm_90 without one
+    first = ops._device.image(target).entry
+    write(kdir / "scale.cuh", "#define SCALE 3.0f\n")
+    assert ops.reload() is True
+    assert ops.build() == glue_path  # the same glue library; only the device code compiled
+    assert ops._device.image(target).entry.key != first.key and ops._device.compiles == 2
+    text = (kdir / "saxpy.cu").read_text()
+    (kdir / "saxpy.cu").write_text(text.replace("out[i] = v;", "out[i] = v +;"))
+    with caplog.at_level(logging.WARNING, logger="kload"):
+        assert ops.reload() is False  # reported once; the last good kernels stay bound
+    assert any("saxpy.cu:9:" in r.getMessage() and "keep serving" in r.getMessage() for r in caplog.records)
+    (kdir / "saxpy.cu").write_text(text)
+    write(kdir / "scale.cuh", "#define SCALE 1.0f\n")
+    before = nvrtc.COMPILES
+    assert ops.reload() is True and ops._device.image(target).entry.key == first.key and nvrtc.COMPILES == before
+    # a fresh process: the glue and the device code are both cache hits, zero NVRTC compiles
+    out = run_py(f"""
+        import json, kload
+        from kload import nvrtc
+        ops = kload.load({str(glue_file)!r}, device_code={str(kdir / "saxpy.cu")!r}, reload=False)
+        print(json.dumps({{"how": ops.build().how, "loaded": bool(ops.load()), "compiles": nvrtc.COMPILES}}))
+    """)
+    assert out == {"how": "cache", "loaded": True, "compiles": 0}
+
+
 # -- on a GPU ---------------------------------------------------------------------------
 
 def _op(mod, opname: str):
@@ -360,3 +460,40 @@ def test_opcheck_and_torch_compile(kdir):
     torch.library.opcheck(op, (x, y, 2.0))
     compiled = torch.compile(lambda a, b: op(a, b, 2.0) * 2, fullgraph=True)
     torch.testing.assert_close(compiled(x, y), (2 * x + y) * 2)
+
+
+@needs_gpu
+def test_glue_launches_on_the_gpu_and_an_edit_swaps_the_kernel(glue_file, kdir):
+    ops = _glue(glue_file, kdir)
+    op = ops.run  # torch.ops.<ns>.run, fetched once
+    x = torch.arange(1000.0, device="cuda")
+    torch.testing.assert_close(op(x, 2.0, 0), 2 * x + x)
+    assert op(x, 7.0, 5).tolist() == [7.0] * 1000
+    with pytest.raises(RuntimeError, match="shared memory|CUDA_ERROR"):
+        op(x, 1.0, 6)
+    write(kdir / "scale.cuh", "#define SCALE 3.0f\n")
+    assert ops.reload() is True
+    torch.testing.assert_close(op(x, 2.0, 0), 3 * 2 * x + x)  # the same op, the new kernel
+    import threading  # a thread that made no CUDA call yet gets the device's context
+
+    got = []
+    t = threading.Thread(target=lambda: got.append(op(x, 1.0, 5).cpu()))
+    t.start()
+    t.join()
+    assert got[0].tolist() == [1.0] * 1000
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_the_glue_example_matches_torch_and_passes_opcheck(dtype):
+    from conftest import EXAMPLES
+
+    ops = kload.load(EXAMPLES / "saxpy_op.cpp", device_code=EXAMPLES / "saxpy.cu", reload=False)
+    tol = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}[dtype]
+    for n in (1, 17, 989, 1 << 20):
+        x, y = torch.randn(n, device="cuda", dtype=dtype), torch.randn(n, device="cuda", dtype=dtype)
+        torch.testing.assert_close(ops.saxpy(x, y, 2.0), (2.0 * x.float() + y.float()).to(dtype), rtol=tol, atol=tol)
+    x, y = torch.randn(33, device="cuda", dtype=dtype), torch.randn(33, device="cuda", dtype=dtype)
+    torch.library.opcheck(ops.saxpy, (x, y, 2.0))
+    compiled = torch.compile(lambda a, b: ops.saxpy(a, b, 2.0) * 2, fullgraph=True)
+    torch.testing.assert_close(compiled(x, y), ops.saxpy(x, y, 2.0) * 2)

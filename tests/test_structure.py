@@ -30,8 +30,10 @@ ORDER = [
     "kload.library",                                               # 8 load a library into the process
     "kload.obtain",                                                # 4-7 the miss: look, lock, fetch, compile, publish
     "kload.resolve",                                               # 2 hit record, else plan and the miss
-    "kload.watch", "kload.handle",                                 # 1 and 8 the user's Handle
+    "kload.watch",                                                 # reload on save
     "kload.nvrtc", "kload.cubin", "kload.cudadrv", "kload.live_cuda",  # device code: NVRTC, cache, driver, swap
+    "kload.live_glue",                                             # 8 device code bound to C++ glue's slots
+    "kload.handle",                                                # 1 and 8 the user's Handle
     "kload.api", "kload.ide", "kload.cpp_extension", "kload.magic", "kload.cli_cache", "kload.cli_remote", "kload.__main__", "kload",  # 1 front doors
 ]
 

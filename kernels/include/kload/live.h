@@ -1,0 +1,356 @@
+// kload/live.h — C++ glue that launches NVRTC-compiled kernels by name.
+//
+// The glue (an op library: compiled once, with kload's precompiled header) registers the ops;
+// the device code lives in a .cu of its own, compiled by NVRTC in ~0.1 s and swapped in place
+// on every edit, under the same torch.ops names:
+//
+//   #include <kload/kernel.h>
+//   #include <kload/live.h>
+//   static kload::live::Kernel saxpy("saxpy<float>");   // at namespace scope: a name expression
+//   at::Tensor saxpy_op(const at::Tensor& x, const at::Tensor& y, double a) {
+//     auto out = at::empty_like(y);
+//     int64_t n = y.numel();
+//     if (n) saxpy[{(n + 255) / 256, 256}](out, x, y, float(a), n);   // [{grid, block(, shared)}]
+//     return out;
+//   }
+//
+//   ops = kload.load("saxpy_op.cpp", device_code="saxpy.cu")
+//
+// After the library loads, kload reads the names declared here, has NVRTC compile them (or
+// finds them in the cache), and hands each Kernel its CUkernel and its parameter list. An edit
+// of the device code compiles again and hands over the new kernels; the next call launches them.
+//
+// A launch: a tensor argument is its data pointer, anything else is passed by value. The
+// arguments are checked against the kernel's parameters (count, size, float or not) before
+// the driver is called, so `a` passed as a double to a `float a` is a TypeError, not a wrong
+// answer. It runs on torch's current stream of the tensors' device, under that device's guard.
+// No CUDA header and no CUDA library is needed to compile this: the driver (libcuda) is
+// opened at the first launch; a CPU build of torch compiles the glue too.
+#ifndef KLOAD_LIVE_H_
+#define KLOAD_LIVE_H_
+
+#include <ATen/core/TensorBase.h>
+#include <c10/core/DeviceGuard.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <c10/util/Exception.h>
+#include <dlfcn.h>
+
+#include <atomic>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#define KLOAD_LIVE_HIDDEN __attribute__((visibility("hidden")))
+
+namespace kload::live {
+
+struct Dim3 {
+  int64_t x = 1, y = 1, z = 1;
+  Dim3(int64_t x_ = 1, int64_t y_ = 1, int64_t z_ = 1) : x(x_), y(y_), z(z_) {}  // NOLINT: an int is a Dim3
+};
+
+// kernel[{grid, block}] or kernel[{grid, block, shared_bytes}]; grid and block: an int or {x, y, z}.
+struct Config {
+  Dim3 grid, block;
+  int64_t shared = 0;
+};
+
+namespace detail {
+
+struct Param {
+  char kind;  // 'f' float, 'u'/'s'/'b' integer, pointer or (with more bytes) a struct: from the PTX
+  int size;
+};
+
+// What one slot launches; published once, never changed or freed (a launch on another thread
+// may still hold the previous one).
+struct Image {
+  void* kernel = nullptr;     // CUkernel, or null: compiled but not loaded (reason says why)
+  std::vector<Param> params;  // empty and unchecked when `checked` is false
+  bool checked = false;
+  std::string where, reason;  // the kernel file's name; why there is no kernel
+};
+
+struct Slot {
+  std::string name;
+  std::atomic<const Image*> image{nullptr};
+};
+
+KLOAD_LIVE_HIDDEN inline std::mutex& registry_mutex() {
+  static std::mutex m;
+  return m;
+}
+KLOAD_LIVE_HIDDEN inline std::vector<Slot*>& registry() {
+  static std::vector<Slot*> slots;  // never destroyed before the library: slots are leaked on purpose
+  return slots;
+}
+
+struct Driver {
+  int (*launch)(void*, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void*, void**, void**);
+  int (*error_name)(int, const char**);
+  int (*error_string)(int, const char**);
+  int (*ctx_get_current)(void**);
+  int (*ctx_set_current)(void*);
+  int (*device_get)(int*, int);
+  int (*primary_ctx_retain)(void**, int);
+  int (*kernel_set_attribute)(int, int, void*, int);
+  std::string error;
+};
+
+KLOAD_LIVE_HIDDEN inline const Driver& driver() {
+  static const Driver d = [] {
+    Driver out{};
+    void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!lib) {
+      const char* why = dlerror();
+      out.error = std::string("kload: the CUDA driver (libcuda.so.1) cannot be loaded: ") + (why ? why : "?");
+      return out;
+    }
+    auto sym = [&](const char* name) {
+      void* p = dlsym(lib, name);
+      if (!p && out.error.empty()) out.error = std::string("kload: the CUDA driver has no ") + name;
+      return p;
+    };
+    out.launch = reinterpret_cast<decltype(out.launch)>(sym("cuLaunchKernel"));
+    out.error_name = reinterpret_cast<decltype(out.error_name)>(sym("cuGetErrorName"));
+    out.error_string = reinterpret_cast<decltype(out.error_string)>(sym("cuGetErrorString"));
+    out.ctx_get_current = reinterpret_cast<decltype(out.ctx_get_current)>(sym("cuCtxGetCurrent"));
+    out.ctx_set_current = reinterpret_cast<decltype(out.ctx_set_current)>(sym("cuCtxSetCurrent"));
+    out.device_get = reinterpret_cast<decltype(out.device_get)>(sym("cuDeviceGet"));
+    out.primary_ctx_retain = reinterpret_cast<decltype(out.primary_ctx_retain)>(sym("cuDevicePrimaryCtxRetain"));
+    out.kernel_set_attribute = reinterpret_cast<decltype(out.kernel_set_attribute)>(sym("cuKernelSetAttribute"));
+    return out;
+  }();
+  TORCH_CHECK(d.error.empty(), d.error);
+  return d;
+}
+
+KLOAD_LIVE_HIDDEN inline void check(const Driver& d, int rc, const std::string& what) {
+  if (rc == 0) return;
+  const char *name = nullptr, *text = nullptr;
+  d.error_name(rc, &name);
+  d.error_string(rc, &text);
+  TORCH_CHECK(false, what, ": ", name ? name : "CUDA error", ": ", text ? text : std::to_string(rc));
+}
+
+// A CUkernel launches in the thread's current context: torch's device guard gives a thread one
+// once it switches devices; a thread that never made a CUDA call gets the primary context here.
+KLOAD_LIVE_HIDDEN inline void ensure_context(const Driver& d, int device) {
+  static thread_local bool has_context = false;
+  if (has_context) return;
+  void* ctx = nullptr;
+  check(d, d.ctx_get_current(&ctx), "kload: cuCtxGetCurrent");
+  if (!ctx) {
+    int dev = 0;
+    check(d, d.device_get(&dev, device), "kload: cuDeviceGet");
+    check(d, d.primary_ctx_retain(&ctx, dev), "kload: cuDevicePrimaryCtxRetain");
+    check(d, d.ctx_set_current(ctx), "kload: cuCtxSetCurrent");
+  }
+  has_context = true;
+}
+
+// One argument as the launch sees it: kind 'f' (floating point), 'i' (integer, bool, pointer)
+// or 's' (a struct by value), its size, and where its bytes are.
+struct Arg {
+  char kind;
+  int size;
+  const void* value;
+  const at::TensorBase* tensor;
+};
+
+template <class T>
+Arg describe(const T& v) {
+  using U = std::decay_t<T>;
+  if constexpr (std::is_base_of_v<at::TensorBase, U>) {
+    return {'i', 8, nullptr, &v};
+  } else if constexpr (std::is_floating_point_v<U>) {
+    return {'f', int(sizeof(U)), &v, nullptr};
+  } else if constexpr (std::is_integral_v<U> || std::is_enum_v<U> || std::is_pointer_v<U>) {
+    return {'i', int(sizeof(U)), &v, nullptr};
+  } else {
+    static_assert(std::is_trivially_copyable_v<U>, "kload::live: a kernel argument must be a tensor, a number, "
+                                                   "a pointer or a trivially copyable struct");
+    return {'s', int(sizeof(U)), &v, nullptr};
+  }
+}
+
+KLOAD_LIVE_HIDDEN inline std::string param_text(const Param& p) {
+  if (p.kind == 'f') return p.size == 4 ? "float" : p.size == 8 ? "double" : std::to_string(p.size) + "-byte float";
+  if (p.size > 8 || p.kind == 'b') return std::to_string(p.size) + "-byte value";
+  return std::to_string(p.size) + "-byte integer" + (p.size == 8 ? " or pointer" : "");
+}
+
+KLOAD_LIVE_HIDDEN inline std::string arg_text(const Arg& a) {
+  if (a.tensor) return "a tensor (its data pointer)";
+  if (a.kind == 'f') return a.size == 4 ? "a float" : a.size == 8 ? "a double" : "a floating-point value";
+  return "a " + std::to_string(a.size) + (a.kind == 's' ? "-byte struct" : "-byte integer");
+}
+
+KLOAD_LIVE_HIDDEN inline void check_dims(const std::string& name, const char* what, const Dim3& d, const int64_t* top) {
+  const int64_t v[3] = {d.x, d.y, d.z};
+  for (int i = 0; i < 3; ++i)
+    TORCH_CHECK_VALUE(v[i] >= 1 && v[i] <= top[i], "kload: ", name, ": ", what, ".", "xyz"[i], " = ", v[i],
+                      "; CUDA allows 1 to ", top[i]);
+}
+
+// Checks the arguments against the parameters, finds the device, launches.
+KLOAD_LIVE_HIDDEN inline void launch(const Slot& slot, const Config& c, const Arg* args, size_t n) {
+  const Image* img = slot.image.load(std::memory_order_acquire);
+  TORCH_CHECK(img, "kload: kernel '", slot.name, "' has no device code: load the glue with kload.load(..., "
+              "device_code=\"kernels.cu\"), and declare kload::live::Kernel objects at namespace scope");
+  if (img->checked) {
+    TORCH_CHECK_TYPE(img->params.size() == n, "kload: ", slot.name, " (", img->where, ") takes ",
+                     img->params.size(), " arguments, the launch passes ", n);
+    for (size_t i = 0; i < n; ++i) {
+      const Param& p = img->params[i];
+      TORCH_CHECK_TYPE(args[i].size == p.size && (args[i].kind == 'f') == (p.kind == 'f'), "kload: ", slot.name,
+                       " (", img->where, "): argument ", i, " is ", arg_text(args[i]), ", the kernel takes a ",
+                       param_text(p), " there (cast it to the kernel's type)");
+    }
+  }
+  const at::TensorBase* first = nullptr;
+  for (size_t i = 0; i < n; ++i) {
+    const at::TensorBase* t = args[i].tensor;
+    if (!t) continue;
+    TORCH_CHECK_VALUE(t->is_cuda(), "kload: ", slot.name, ": argument ", i, " is a tensor on ", t->device(),
+                      "; the kernel runs on a CUDA device");
+    if (!first) first = t;
+    TORCH_CHECK_VALUE(t->device() == first->device(), "kload: ", slot.name, ": argument ", i, " is on ",
+                      t->device(), " and an earlier one on ", first->device(), "; they must share one device");
+  }
+  TORCH_CHECK_VALUE(first, "kload: ", slot.name, ": no tensor argument says which CUDA device to launch on");
+  TORCH_CHECK(img->kernel, "kload: kernel '", slot.name, "' (", img->where, ") is not loaded: ", img->reason);
+
+  const c10::Device device = first->device();
+  c10::DeviceGuard guard(device);
+  const auto* impl = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
+  void* stream = impl->getStreamNativeHandle(impl->getStream(device));
+  const Driver& d = driver();
+  ensure_context(d, device.index());
+  if (c.shared > 48 * 1024) {  // more dynamic shared memory than the default needs the kernel's permission
+    int dev = 0;
+    check(d, d.device_get(&dev, device.index()), "kload: cuDeviceGet");
+    check(d, d.kernel_set_attribute(8 /* CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES */, int(c.shared),
+                                    img->kernel, dev),
+          "kload: " + slot.name + ": " + std::to_string(c.shared) + " bytes of dynamic shared memory");
+  }
+  void* cells[16];  // tensors' data pointers
+  void* ptrs[16];
+  for (size_t i = 0; i < n; ++i) {
+    if (args[i].tensor) {
+      cells[i] = args[i].tensor->data_ptr();
+      ptrs[i] = &cells[i];
+    } else {
+      ptrs[i] = const_cast<void*>(args[i].value);
+    }
+  }
+  const int rc = d.launch(img->kernel, unsigned(c.grid.x), unsigned(c.grid.y), unsigned(c.grid.z),
+                          unsigned(c.block.x), unsigned(c.block.y), unsigned(c.block.z), unsigned(c.shared),
+                          stream, n ? ptrs : nullptr, nullptr);
+  if (rc)
+    check(d, rc, "kload: launching " + slot.name + " (" + img->where + ") with grid (" + std::to_string(c.grid.x) +
+                     ", " + std::to_string(c.grid.y) + ", " + std::to_string(c.grid.z) + "), block (" +
+                     std::to_string(c.block.x) + ", " + std::to_string(c.block.y) + ", " +
+                     std::to_string(c.block.z) + "), " + std::to_string(c.shared) + " shared bytes");
+}
+
+}  // namespace detail
+
+// A launch with its configuration checked: call it with the kernel's arguments.
+class Launch {
+ public:
+  Launch(const detail::Slot& slot, const Config& c) : slot_(slot), config_(c) {}
+  template <class... A>
+  void operator()(const A&... args) const {
+    static_assert(sizeof...(A) <= 16, "kload::live: at most 16 kernel arguments");
+    const detail::Arg described[sizeof...(A) ? sizeof...(A) : 1] = {detail::describe(args)...};
+    detail::launch(slot_, config_, described, sizeof...(A));
+  }
+
+ private:
+  const detail::Slot& slot_;
+  Config config_;
+};
+
+// One kernel of the device code, by its name expression ("saxpy", "scale<float>"): declare it at
+// namespace scope (kload reads the names once the library is loaded), launch it with k[{grid, block}](args).
+class Kernel {
+ public:
+  explicit Kernel(const char* name_expression) : slot_(new detail::Slot) {
+    slot_->name = name_expression;
+    std::lock_guard<std::mutex> lock(detail::registry_mutex());
+    detail::registry().push_back(slot_);
+  }
+  Kernel(const Kernel&) = delete;
+  Kernel& operator=(const Kernel&) = delete;
+
+  Launch operator[](const Config& c) const {
+    static const int64_t grid_max[3] = {(int64_t(1) << 31) - 1, 65535, 65535}, block_max[3] = {1024, 1024, 64};
+    detail::check_dims(slot_->name, "grid", c.grid, grid_max);
+    detail::check_dims(slot_->name, "block", c.block, block_max);
+    const int64_t threads = c.block.x * c.block.y * c.block.z;
+    TORCH_CHECK_VALUE(threads <= 1024, "kload: ", slot_->name, ": a block of ", threads,
+                      " threads; CUDA allows at most 1024");
+    TORCH_CHECK_VALUE(c.shared >= 0 && c.shared <= INT32_MAX, "kload: ", slot_->name, ": shared bytes = ",
+                      c.shared);
+    return Launch(*slot_, c);
+  }
+  const std::string& name() const { return slot_->name; }
+
+ private:
+  detail::Slot* slot_;  // leaked on purpose: it lives as long as the library
+};
+
+}  // namespace kload::live
+
+// What kload (Python) calls on the loaded library: the names, then one bind per name.
+extern "C" {
+__attribute__((used, visibility("default"))) inline int kload_live_v1_count() {
+  std::lock_guard<std::mutex> lock(kload::live::detail::registry_mutex());
+  return int(kload::live::detail::registry().size());
+}
+
+__attribute__((used, visibility("default"))) inline const char* kload_live_v1_name(int i) {
+  std::lock_guard<std::mutex> lock(kload::live::detail::registry_mutex());
+  auto& r = kload::live::detail::registry();
+  return i >= 0 && size_t(i) < r.size() ? r[size_t(i)]->name.c_str() : nullptr;
+}
+
+// kernel: a CUkernel or null; params: "u8 f4 b16" (kind and bytes, from the PTX), or "?" when
+// unknown (no compile); where: the kernel file; reason: why kernel is null. Returns the number
+// of slots bound (0: no Kernel has that name).
+__attribute__((used, visibility("default"))) inline int kload_live_v1_bind(const char* name, void* kernel,
+                                                                           const char* params, const char* where,
+                                                                           const char* reason) {
+  using namespace kload::live::detail;
+  auto* img = new Image;  // never freed: see Image
+  img->kernel = kernel;
+  img->where = where ? where : "";
+  img->reason = reason ? reason : "";
+  img->checked = params && std::strcmp(params, "?") != 0;
+  for (const char* p = params; img->checked && *p;) {
+    while (*p == ' ') ++p;
+    if (!*p) break;
+    char* end = nullptr;
+    const char kind = *p;
+    const long size = std::strtol(p + 1, &end, 10);
+    img->params.push_back({kind, int(size)});
+    p = end;
+  }
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  int bound = 0;
+  for (Slot* s : registry())
+    if (s->name == name) {
+      s->image.store(img, std::memory_order_release);
+      ++bound;
+    }
+  if (!bound) delete img;
+  return bound;
+}
+}
+
+#endif  // KLOAD_LIVE_H_
