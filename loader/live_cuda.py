@@ -169,7 +169,7 @@ class CudaModule:
                 raise
             img, reason = None, f"no CUDA device here, and no NVRTC to compile the device code with ({e})"
         for glue in self._glues:
-            glue.bind(img, os.path.basename(self.path), reason)
+            glue.bind(self, img, os.path.basename(self.path), reason)
 
     def compile(self, target: str | None = None) -> Entry:
         """Compile (or find) this file's device code for ``target`` (default: the current

@@ -23,11 +23,16 @@ from .errors import KloadError
 
 log = logging.getLogger("kload")
 
+# library path -> [the CudaModule its slots are bound to, the binding's key]: the module is the last
+# one that attached the library (a notebook cell run again makes a new handle for the same library;
+# the old handle's edits then leave its slots alone)
+_serving: dict[str, list] = {}
+
 
 class Glue:
     """The kernel slots of one loaded glue library."""
 
-    __slots__ = ("path", "names", "_lib", "_bound_key")
+    __slots__ = ("path", "names", "_lib")
 
     def __init__(self, path: str):
         try:
@@ -40,14 +45,16 @@ class Glue:
         lib.kload_live_v1_name.restype = ctypes.c_char_p
         lib.kload_live_v1_name.argtypes = [ctypes.c_int]
         lib.kload_live_v1_bind.argtypes = [ctypes.c_char_p, ctypes.c_void_p] + [ctypes.c_char_p] * 3
-        self.path, self._lib, self._bound_key = path, lib, None
+        self.path, self._lib = path, lib
         self.names = sorted({lib.kload_live_v1_name(i).decode() for i in range(lib.kload_live_v1_count())})
 
-    def bind(self, image: "live_cuda.Image | None", where: str, reason: str | None) -> None:
+    def bind(self, module, image: "live_cuda.Image | None", where: str, reason: str | None) -> None:
         """Bind every slot to ``image``'s kernel of its name; ``reason`` (no GPU, no NVRTC) binds
-        them to nothing, with that reason for the error a launch raises."""
+        them to nothing, with that reason for the error a launch raises. Nothing happens unless
+        ``module`` is the one the library was last attached to."""
         key = (image.entry.key if image is not None else None, reason)
-        if key == self._bound_key:
+        serving = _serving.get(self.path)
+        if serving is None or serving[0] is not module or serving[1] == key:
             return
         for name in self.names:
             kernel, params = 0, "?"
@@ -57,11 +64,12 @@ class Glue:
                     kernel = image.kernel(name)[0].value
             self._lib.kload_live_v1_bind(name.encode(), kernel, params.encode(), where.encode(),
                                          (reason or "").encode())
-        self._bound_key = key
+        serving[1] = key
 
 
 def attach(module: live_cuda.CudaModule, library_path: str) -> Glue:
     """Bind the slots of the loaded library at ``library_path`` to ``module``'s kernels now,
     and after every edit of the device code. Raises CompileError (the device code does not
     compile) or KloadError (no slots; no NVRTC or driver where a GPU is)."""
+    _serving[library_path] = [module, None]
     return module.serve(Glue(library_path))

@@ -400,6 +400,22 @@ def test_an_edit_of_the_device_code_rebinds_without_rebuilding_the_glue(glue_fil
     assert out == {"how": "cache", "loaded": True, "compiles": 0}
 
 
+@needs_nvrtc
+def test_the_last_load_of_a_glue_binds_its_slots(glue_file, kdir):
+    other = kdir / "other"  # the same kernels, but `double a`: which file is bound shows in the argument check
+    write(other / "scale.cuh", "#define SCALE 1.0f\n")
+    write(other / "saxpy.cu", SAXPY.replace("float a", "double a"))
+    first = _glue(glue_file, kdir).load()
+    second = kload.load(glue_file, device_code=other / "saxpy.cu", reload=False).load()  # a cell run again
+    x = torch.ones(4)
+    with pytest.raises(TypeError, match="argument 3 is a float, the kernel takes a double"):
+        second.run(x, 2.0, 0)
+    write(kdir / "scale.cuh", "#define SCALE 3.0f\n")
+    assert first.reload() is True  # the first handle's device code compiles, and leaves the slots alone
+    with pytest.raises(TypeError, match="argument 3 is a float, the kernel takes a double"):
+        second.run(x, 2.0, 0)
+
+
 # -- on a GPU ---------------------------------------------------------------------------
 
 def _op(mod, opname: str):
