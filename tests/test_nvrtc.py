@@ -416,6 +416,41 @@ def test_the_last_load_of_a_glue_binds_its_slots(glue_file, kdir):
         second.run(x, 2.0, 0)
 
 
+# The same on the stable ABI (a second glue build, ~3 s: the ABI changes the header's tensor, guard
+# and stream, which the op library above cannot show)
+GLUE_STABLE = """\
+    #include <kload/stable.h>
+    #include <kload/live.h>
+    static kload::live::Kernel fill("fill");
+    kload::Tensor fill_like(const kload::Tensor& x, double v, int64_t how) {
+      kload::Tensor out = kload::empty_like(x);
+      const int n = static_cast<int>(x.numel());
+      if (how == 0) fill[{(n + 255) / 256, 256}](out, float(v), n);
+      else fill[{(n + 255) / 256, 256}](out, v, n);  // a double for `float v`
+      return out;
+    }
+    KLOAD_LIBRARY(m) { m.def("fill_like(Tensor x, float v, int how) -> Tensor"); }
+    KLOAD_IMPL(CPU, m) { m.impl("fill_like", TORCH_BOX(&fill_like)); }
+    KLOAD_IMPL(CUDA, m) { m.impl("fill_like", TORCH_BOX(&fill_like)); }
+"""
+
+
+@needs_nvrtc
+def test_stable_abi_glue_binds_and_checks_the_same_way(kdir):
+    ops = kload.load(write(kdir / "glue_stable.cpp", GLUE_STABLE), device_code=kdir / "saxpy.cu", reload=False)
+    x = torch.ones(4, device="cuda" if torch.cuda.is_available() else "cpu")
+    with pytest.raises(RuntimeError, match=r"fill \(saxpy.cu\): argument 1 is a double, the kernel takes a float"):
+        ops.fill_like(x, 2.0, 1)
+    if torch.cuda.is_available():
+        assert ops.fill_like(x, 2.0, 0).tolist() == [2.0] * 4
+        text = (kdir / "saxpy.cu").read_text()
+        (kdir / "saxpy.cu").write_text(text.replace("out[i] = v;", "out[i] = 2 * v;"))
+        assert ops.reload() is True and ops.fill_like(x, 2.0, 0).tolist() == [4.0] * 4  # same op, new kernel
+    else:
+        with pytest.raises(RuntimeError, match="argument 0 is a tensor on cpu; the kernel runs on a CUDA device"):
+            ops.fill_like(x, 2.0, 0)
+
+
 # -- on a GPU ---------------------------------------------------------------------------
 
 def _op(mod, opname: str):

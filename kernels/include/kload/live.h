@@ -26,13 +26,12 @@
 // answer. It runs on torch's current stream of the tensors' device, under that device's guard.
 // No CUDA header and no CUDA library is needed to compile this: the driver (libcuda) is
 // opened at the first launch; a CPU build of torch compiles the glue too.
+//
+// Stable-ABI glue works the same: include <kload/stable.h> first, then this; a tensor argument
+// is a kload::Tensor, and every error is a RuntimeError (the stable ABI has no other kind).
 #ifndef KLOAD_LIVE_H_
 #define KLOAD_LIVE_H_
 
-#include <ATen/core/TensorBase.h>
-#include <c10/core/DeviceGuard.h>
-#include <c10/core/impl/DeviceGuardImplInterface.h>
-#include <c10/util/Exception.h>
 #include <dlfcn.h>
 
 #include <atomic>
@@ -43,6 +42,36 @@
 #include <string>
 #include <type_traits>
 #include <vector>
+
+#ifdef KLOAD_STABLE_H_  // stable-ABI glue (<kload/stable.h> first): its Tensor, guard and errors
+#include <torch/csrc/stable/accelerator.h>
+
+#include <sstream>
+#include <stdexcept>
+namespace kload::live::detail {
+template <class... A>
+std::string cat(const A&... parts) {
+  std::ostringstream s;
+  (s << ... << parts);
+  return s.str();
+}
+}  // namespace kload::live::detail
+// std::runtime_error with kload's message alone (STD_TORCH_CHECK would put this header's file:line first)
+#define KLOAD_LIVE_CHECK(cond, ...) \
+  do {                              \
+    if (!(cond)) throw std::runtime_error(::kload::live::detail::cat(__VA_ARGS__)); \
+  } while (0)
+#define KLOAD_LIVE_CHECK_TYPE KLOAD_LIVE_CHECK   // the stable ABI raises RuntimeError only
+#define KLOAD_LIVE_CHECK_VALUE KLOAD_LIVE_CHECK
+#else                   // an op library: ATen's
+#include <ATen/core/TensorBase.h>
+#include <c10/core/DeviceGuard.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <c10/util/Exception.h>
+#define KLOAD_LIVE_CHECK TORCH_CHECK
+#define KLOAD_LIVE_CHECK_TYPE TORCH_CHECK_TYPE
+#define KLOAD_LIVE_CHECK_VALUE TORCH_CHECK_VALUE
+#endif
 
 #define KLOAD_LIVE_HIDDEN __attribute__((visibility("hidden")))
 
@@ -60,6 +89,46 @@ struct Config {
 };
 
 namespace detail {
+
+// What a launch needs of a tensor, the device guard and torch's current stream, per ABI.
+#ifdef KLOAD_STABLE_H_
+using TensorType = torch::stable::Tensor;
+template <class U>
+constexpr bool is_tensor = std::is_same_v<U, torch::stable::Tensor>;
+inline std::string where(const TensorType& t) { return kload::device_str(t); }
+inline bool same_device(const TensorType& a, const TensorType& b) {
+  return a.is_cuda() == b.is_cuda() && a.get_device_index() == b.get_device_index();
+}
+using Guard = torch::stable::accelerator::DeviceGuard;
+// aoti_torch_get_current_cuda_stream is in libtorch_cuda, which a glue without .cu sources does not
+// link: it is looked up in the process at the first launch (a CPU torch never gets that far).
+inline void* current_stream(int index) {
+  using Fn = int32_t (*)(int32_t, void**);
+  static const Fn fn = [] {
+    void* lib = dlopen("libtorch_cuda.so", RTLD_NOW | RTLD_NOLOAD);
+    return lib ? reinterpret_cast<Fn>(dlsym(lib, "aoti_torch_get_current_cuda_stream")) : nullptr;
+  }();
+  KLOAD_LIVE_CHECK(fn, "kload: torch's CUDA library (libtorch_cuda.so) is not loaded in this process");
+  void* stream = nullptr;
+  KLOAD_LIVE_CHECK(fn(index, &stream) == 0, "kload: no current CUDA stream for device ", index);
+  return stream;
+}
+#else
+using TensorType = at::TensorBase;
+template <class U>
+constexpr bool is_tensor = std::is_base_of_v<at::TensorBase, U>;
+inline std::string where(const TensorType& t) { return t.device().str(); }
+inline bool same_device(const TensorType& a, const TensorType& b) { return a.device() == b.device(); }
+struct Guard {
+  c10::DeviceGuard guard;
+  explicit Guard(int index) : guard(c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(index))) {}
+};
+inline void* current_stream(int index) {
+  const auto* impl = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
+  return impl->getStreamNativeHandle(
+      impl->getStream(c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(index))));
+}
+#endif
 
 struct Param {
   char kind;  // 'f' float, 'u'/'s'/'b' integer, pointer or (with more bytes) a struct: from the PTX
@@ -125,7 +194,7 @@ KLOAD_LIVE_HIDDEN inline const Driver& driver() {
     out.kernel_set_attribute = reinterpret_cast<decltype(out.kernel_set_attribute)>(sym("cuKernelSetAttribute"));
     return out;
   }();
-  TORCH_CHECK(d.error.empty(), d.error);
+  KLOAD_LIVE_CHECK(d.error.empty(), d.error);
   return d;
 }
 
@@ -134,7 +203,7 @@ KLOAD_LIVE_HIDDEN inline void check(const Driver& d, int rc, const std::string& 
   const char *name = nullptr, *text = nullptr;
   d.error_name(rc, &name);
   d.error_string(rc, &text);
-  TORCH_CHECK(false, what, ": ", name ? name : "CUDA error", ": ", text ? text : std::to_string(rc));
+  KLOAD_LIVE_CHECK(false, what, ": ", name ? name : "CUDA error", ": ", text ? text : std::to_string(rc));
 }
 
 // A CUkernel launches in the thread's current context: torch's device guard gives a thread one
@@ -159,13 +228,13 @@ struct Arg {
   char kind;
   int size;
   const void* value;
-  const at::TensorBase* tensor;
+  const TensorType* tensor;
 };
 
 template <class T>
 Arg describe(const T& v) {
   using U = std::decay_t<T>;
-  if constexpr (std::is_base_of_v<at::TensorBase, U>) {
+  if constexpr (is_tensor<U>) {
     return {'i', 8, nullptr, &v};
   } else if constexpr (std::is_floating_point_v<U>) {
     return {'f', int(sizeof(U)), &v, nullptr};
@@ -193,47 +262,46 @@ KLOAD_LIVE_HIDDEN inline std::string arg_text(const Arg& a) {
 KLOAD_LIVE_HIDDEN inline void check_dims(const std::string& name, const char* what, const Dim3& d, const int64_t* top) {
   const int64_t v[3] = {d.x, d.y, d.z};
   for (int i = 0; i < 3; ++i)
-    TORCH_CHECK_VALUE(v[i] >= 1 && v[i] <= top[i], "kload: ", name, ": ", what, ".", "xyz"[i], " = ", v[i],
+    KLOAD_LIVE_CHECK_VALUE(v[i] >= 1 && v[i] <= top[i], "kload: ", name, ": ", what, ".", "xyz"[i], " = ", v[i],
                       "; CUDA allows 1 to ", top[i]);
 }
 
 // Checks the arguments against the parameters, finds the device, launches.
 KLOAD_LIVE_HIDDEN inline void launch(const Slot& slot, const Config& c, const Arg* args, size_t n) {
   const Image* img = slot.image.load(std::memory_order_acquire);
-  TORCH_CHECK(img, "kload: kernel '", slot.name, "' has no device code: load the glue with kload.load(..., "
+  KLOAD_LIVE_CHECK(img, "kload: kernel '", slot.name, "' has no device code: load the glue with kload.load(..., "
               "device_code=\"kernels.cu\"), and declare kload::live::Kernel objects at namespace scope");
   if (img->checked) {
-    TORCH_CHECK_TYPE(img->params.size() == n, "kload: ", slot.name, " (", img->where, ") takes ",
+    KLOAD_LIVE_CHECK_TYPE(img->params.size() == n, "kload: ", slot.name, " (", img->where, ") takes ",
                      img->params.size(), " arguments, the launch passes ", n);
     for (size_t i = 0; i < n; ++i) {
       const Param& p = img->params[i];
-      TORCH_CHECK_TYPE(args[i].size == p.size && (args[i].kind == 'f') == (p.kind == 'f'), "kload: ", slot.name,
+      KLOAD_LIVE_CHECK_TYPE(args[i].size == p.size && (args[i].kind == 'f') == (p.kind == 'f'), "kload: ", slot.name,
                        " (", img->where, "): argument ", i, " is ", arg_text(args[i]), ", the kernel takes a ",
                        param_text(p), " there (cast it to the kernel's type)");
     }
   }
-  const at::TensorBase* first = nullptr;
+  const TensorType* first = nullptr;
   for (size_t i = 0; i < n; ++i) {
-    const at::TensorBase* t = args[i].tensor;
+    const TensorType* t = args[i].tensor;
     if (!t) continue;
-    TORCH_CHECK_VALUE(t->is_cuda(), "kload: ", slot.name, ": argument ", i, " is a tensor on ", t->device(),
-                      "; the kernel runs on a CUDA device");
+    KLOAD_LIVE_CHECK_VALUE(t->is_cuda(), "kload: ", slot.name, ": argument ", i, " is a tensor on ", where(*t),
+                           "; the kernel runs on a CUDA device");
     if (!first) first = t;
-    TORCH_CHECK_VALUE(t->device() == first->device(), "kload: ", slot.name, ": argument ", i, " is on ",
-                      t->device(), " and an earlier one on ", first->device(), "; they must share one device");
+    KLOAD_LIVE_CHECK_VALUE(same_device(*t, *first), "kload: ", slot.name, ": argument ", i, " is on ", where(*t),
+                           " and an earlier one on ", where(*first), "; they must share one device");
   }
-  TORCH_CHECK_VALUE(first, "kload: ", slot.name, ": no tensor argument says which CUDA device to launch on");
-  TORCH_CHECK(img->kernel, "kload: kernel '", slot.name, "' (", img->where, ") is not loaded: ", img->reason);
+  KLOAD_LIVE_CHECK_VALUE(first, "kload: ", slot.name, ": no tensor argument says which CUDA device to launch on");
+  KLOAD_LIVE_CHECK(img->kernel, "kload: kernel '", slot.name, "' (", img->where, ") is not loaded: ", img->reason);
 
-  const c10::Device device = first->device();
-  c10::DeviceGuard guard(device);
-  const auto* impl = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
-  void* stream = impl->getStreamNativeHandle(impl->getStream(device));
+  const int device = static_cast<int>(first->get_device());
+  Guard guard(device);
+  void* stream = current_stream(device);
   const Driver& d = driver();
-  ensure_context(d, device.index());
+  ensure_context(d, device);
   if (c.shared > 48 * 1024) {  // more dynamic shared memory than the default needs the kernel's permission
     int dev = 0;
-    check(d, d.device_get(&dev, device.index()), "kload: cuDeviceGet");
+    check(d, d.device_get(&dev, device), "kload: cuDeviceGet");
     check(d, d.kernel_set_attribute(8 /* CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES */, int(c.shared),
                                     img->kernel, dev),
           "kload: " + slot.name + ": " + std::to_string(c.shared) + " bytes of dynamic shared memory");
@@ -293,9 +361,9 @@ class Kernel {
     detail::check_dims(slot_->name, "grid", c.grid, grid_max);
     detail::check_dims(slot_->name, "block", c.block, block_max);
     const int64_t threads = c.block.x * c.block.y * c.block.z;
-    TORCH_CHECK_VALUE(threads <= 1024, "kload: ", slot_->name, ": a block of ", threads,
+    KLOAD_LIVE_CHECK_VALUE(threads <= 1024, "kload: ", slot_->name, ": a block of ", threads,
                       " threads; CUDA allows at most 1024");
-    TORCH_CHECK_VALUE(c.shared >= 0 && c.shared <= INT32_MAX, "kload: ", slot_->name, ": shared bytes = ",
+    KLOAD_LIVE_CHECK_VALUE(c.shared >= 0 && c.shared <= INT32_MAX, "kload: ", slot_->name, ": shared bytes = ",
                       c.shared);
     return Launch(*slot_, c);
   }
