@@ -70,7 +70,7 @@ test-quick: $(VENV)/.installed
 upgrade-check: $(VENV)/.installed next-venv
 	KLOAD_PCH=0 $(PY) tests/upgrade_check.py $(PY) $(NEXT_PY)
 	KLOAD_PCH=0 KLOAD_CACHE_DIR=$$(mktemp -d) $(NEXT_PY) tests/cuda_check.py
-	KLOAD_CACHE_DIR=$$(mktemp -d) $(NEXT_PY) -m pytest -q -p no:cacheprovider tests/test_nvrtc.py
+	KLOAD_PCH=0 KLOAD_CACHE_DIR=$$(mktemp -d) $(NEXT_PY) -m pytest -q -p no:cacheprovider tests/test_nvrtc.py
 
 # the benchmarks; the bench extra brings matplotlib (the kernels' chart) and the peers live.py runs
 bench: $(VENV)/.installed
