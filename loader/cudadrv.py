@@ -77,28 +77,22 @@ def allow_shared(kernel: ctypes.c_void_p, smem: int, device: int) -> None:
 
 
 _primary: dict[int, ctypes.c_void_p] = {}
-_thread = threading.local()
 
 
 def ensure_context(device: int) -> None:
-    """Make ``device``'s primary context (the one torch uses) current on this thread if none
-    is: a CUkernel launches in the current context, and a thread that has made no CUDA
-    runtime call yet (torch's device guard skips an unchanged device) has none."""
-    if getattr(_thread, "has_context", False):  # once a thread has one, torch's guard switches it
-        return
-    lib, cur = driver(), ctypes.c_void_p()
-    _check(lib, lib.cuCtxGetCurrent(ctypes.byref(cur)), "kload: cuCtxGetCurrent")
-    if cur.value:
-        _thread.has_context = True
-        return
+    """Make ``device``'s primary context (the one torch uses) current on this thread: a
+    CUkernel launches in the current context. Checked at every launch (one cuCtxGetCurrent):
+    a thread that made no CUDA call yet has none, and another library may have left its own."""
+    lib, cur = _cuda or driver(), ctypes.c_void_p()
     ctx = _primary.get(device)
     if ctx is None:
         dev, ctx = ctypes.c_int(), ctypes.c_void_p()
         _check(lib, lib.cuDeviceGet(ctypes.byref(dev), device), "kload: cuDeviceGet")
         _check(lib, lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev), "kload: cuDevicePrimaryCtxRetain")
-        _primary[device] = ctx
-    _check(lib, lib.cuCtxSetCurrent(ctx), "kload: cuCtxSetCurrent")
-    _thread.has_context = True
+        ctx = _primary.setdefault(device, ctx)  # retained once per device and process
+    _check(lib, lib.cuCtxGetCurrent(ctypes.byref(cur)), "kload: cuCtxGetCurrent")
+    if cur.value != ctx.value:
+        _check(lib, lib.cuCtxSetCurrent(ctx), "kload: cuCtxSetCurrent")
 
 
 def launch(kernel, grid: tuple, block: tuple, smem: int, stream: int, params, what) -> None:

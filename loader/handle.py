@@ -37,7 +37,8 @@ class Handle:
         d["_stale"] = False       # a watched file changed: rebuild at the next access
         d["_files"] = set()       # what the watcher looks at (sources + local headers), if watched
         d["_last_error"] = None   # the rebuild error reported last (each is reported once)
-        d["_device"] = None       # the device code's CudaModule (device_code=), made at the first load
+        d["_device"] = None       # device_code=: the live_glue.Server of its CudaModule, made at the first load
+        d["_glue"] = None         # the loaded build's kernel slots that server binds
 
     # -- public API (few names, so they rarely shadow an op; ops stay reachable via .ops) --
     def build(self) -> Resolved:
@@ -86,9 +87,15 @@ class Handle:
         """
         self.__dict__["_stale"] = True
         rebuilt = self._refresh()
-        if self._device is not None:  # the device code too (its own key; the glue is not rebuilt for it)
-            return self._device.reload() or rebuilt
-        return rebuilt
+        if self._device is None:
+            return rebuilt
+        from .errors import KloadError
+
+        try:  # the device code too (its own key; the glue is not rebuilt for it)
+            return self._device.module.reload() or rebuilt
+        except KloadError as e:  # as a failed rebuild: said once, the last good kernels keep serving
+            self._say_failed(e)
+            return rebuilt
 
     @property
     def ops(self):
@@ -160,8 +167,12 @@ class Handle:
         from . import live_cuda, live_glue  # only here: the CPU-only path imports nothing of CUDA
 
         if self._device is None:
-            self.__dict__["_device"] = live_cuda.CudaModule(self._opts.device_code, reload=self._opts.reload)
-        live_glue.attach(self._device, str(loaded.entry.artifact))
+            module = live_cuda.CudaModule(self._opts.device_code, include_paths=self._opts.include_paths,
+                                          reload=self._opts.reload)
+            self.__dict__["_device"] = live_glue.Server(module)
+        # if the device code does not compile with this build's names, the next edit of it retries
+        glue = live_glue.attach(self._device, str(loaded.entry.artifact), self._glue, self._mark_stale)
+        self.__dict__["_glue"] = glue
 
     def _watch(self) -> None:
         if self._opts.reload:  # reload() checks through the key and needs no file list
@@ -196,13 +207,7 @@ class Handle:
                     loaded = load_entry(resolved.entry)
                     self._bind_device_code(loaded)
             except (KloadError, OSError) as e:
-                text = str(e)
-                if text != self._last_error:
-                    from .progress import say
-
-                    self.__dict__["_last_error"] = text
-                    say(f"kload: rebuilding {self._opts.name} failed; still running the last good build.\n{text}",
-                        error=True)
+                self._say_failed(e)
                 return False
             self.__dict__["_last_error"] = None
             self._record(resolved)
@@ -214,6 +219,15 @@ class Handle:
             self._drop_ops()
             self._watch()
             return True
+
+    def _say_failed(self, e: Exception) -> None:
+        text = str(e)
+        if text != self._last_error:
+            from .progress import say
+
+            self.__dict__["_last_error"] = text
+            say(f"kload: rebuilding {self._opts.name} failed; still running the last good build.\n{text}",
+                error=True)
 
     def __getattr__(self, attr: str):
         if attr.startswith("_"):

@@ -55,7 +55,8 @@ class CudaModule:
         self.__dict__.update(path=os.path.abspath(os.fspath(path)), options=[str(o) for o in options],
                              include_paths=[os.path.abspath(os.fspath(p)) for p in include_paths],
                              store=Store(knobs.cache_dir()), _names=set(names), _images={}, _stale=False,
-                             _lock=threading.RLock(), _said_failed=set(), compiles=0, _kernels={}, _glues=[])
+                             _lock=threading.RLock(), _said_failed=set(), compiles=0, _kernels={}, _on_edit=[],
+                             _wanted={})
         if not os.path.isfile(self.path):
             raise KloadError(f"kload: no such kernel file: {self.path}")
         bad = [o for o in self.options if o.startswith(("-arch", "--gpu-architecture"))]
@@ -68,13 +69,43 @@ class CudaModule:
 
     def _mark_stale(self) -> None:  # the file watcher, from its own thread
         self.__dict__["_stale"] = True
-        if self._glues:  # C++ glue calls no Python: compile and bind now, here
+        if self._on_edit:  # e.g. C++ glue, which calls no Python: rebind soon, off the watcher's thread
+            timer = self.__dict__.get("_timer")
+            if timer is not None:
+                timer.cancel()  # a burst of events (an editor's save): one compile, 50 ms after the last
+            timer = self.__dict__["_timer"] = threading.Timer(0.05, self._after_edit)
+            timer.daemon = True
+            timer.start()
+
+    def _after_edit(self) -> None:
+        for hook in list(self._on_edit):
             try:
-                with self._lock:
-                    self._bind_glues()
-            except Exception as e:  # noqa: BLE001 - the watcher thread must survive anything
+                hook()
+            except Exception as e:  # noqa: BLE001 - a timer thread: report, keep the last good kernels
                 log.warning("kload: %s\nkload: the last good kernels of %s keep serving", e,
                             os.path.basename(self.path))
+
+    def on_edit(self, hook) -> None:
+        """Call ``hook()`` after each edit: from a timer thread 50 ms after a save (with reload
+        on), and from ``reload()`` when the kernels changed (kload.live_glue rebinds C++ glue so)."""
+        self._on_edit.append(hook)
+
+    def want(self, owner, names) -> None:
+        """Compile ``names`` too, for ``owner`` (replacing what it wanted before; empty: nothing)."""
+        with self._lock:
+            self._wanted[owner] = frozenset(names)
+
+    def names(self) -> set[str]:
+        """Every name expression the next compile asks NVRTC for."""
+        return set(self._names).union(*self._wanted.values())
+
+    def image_with_names(self, target: str) -> Image:
+        """``image(target)``, compiled again if it lacks a name ``want`` added since."""
+        with self._lock:
+            img = self.image(target)
+            if not self.names() <= set(img.kernels):
+                img = self._images[target] = self._load(target)
+            return img
 
     def __getattr__(self, name: str) -> "Kernel":
         if name.startswith("_"):
@@ -118,7 +149,7 @@ class CudaModule:
     def _load(self, target: str) -> Image:
         """The image of ``target`` for the file as it is now: the loaded one if its key is
         unchanged (a save without a change), else a new one from the cache or NVRTC."""
-        plan = cubin.Plan(self.store, self.path, self._names, self.options, self.include_paths, target)
+        plan = cubin.Plan(self.store, self.path, self.names(), self.options, self.include_paths, target)
         entry = cubin.lookup(self.store, plan)
         if entry is None:
             started = time.perf_counter()
@@ -139,37 +170,9 @@ class CudaModule:
             for t in before or ():
                 self.image(t)
             changed = {t: img.entry.key for t, img in self._images.items()} != before
-            if self._glues:
-                self._bind_glues()
-            return changed
-
-    def serve(self, glue):
-        """Keep the kernel slots of ``glue`` (a C++ library's, kload.live_glue.Glue) bound to
-        this module's kernels of their names: now, and after every edit. Returns the glue
-        served (the one already served for that library, if any)."""
-        with self._lock:
-            known = next((g for g in self._glues if g.path == glue.path), None)
-            if known is None:
-                self._names.update(glue.names)
-                self._glues.append(glue)
-            self._bind_glues()
-            return known or glue
-
-    def _bind_glues(self) -> None:
-        """Compile (or find) the glues' names for this machine's GPUs and bind every glue's
-        slots to the current kernels. Without a GPU they are compiled as a check and bound to
-        nothing, with the reason; without NVRTC too, only the reason."""
-        target, reason = serving_target()
-        try:
-            img = self.image(target)
-            if not self._names <= set(img.kernels):  # a glue with new names: one more compile
-                img = self._images[target] = self._load(target)
-        except KloadError as e:
-            if reason is None or isinstance(e, CompileError):
-                raise
-            img, reason = None, f"no CUDA device here, and no NVRTC to compile the device code with ({e})"
-        for glue in self._glues:
-            glue.bind(self, img, os.path.basename(self.path), reason)
+        for hook in list(self._on_edit) if changed else ():
+            hook()
+        return changed
 
     def compile(self, target: str | None = None) -> Entry:
         """Compile (or find) this file's device code for ``target`` (default: the current
@@ -207,19 +210,6 @@ def device_target(index: int) -> str:
     cc, known = major * 10 + minor, nvrtc.library().archs()
     _ARCH[index] = f"sm_{cc}" if cc in known else f"compute_{max([a for a in known if a <= cc] or known)}"
     return _ARCH[index]
-
-
-def serving_target() -> tuple[str, str | None]:
-    """What C++ glue's kernels compile for, and why they cannot be loaded (None: they can):
-    the GPUs' own architecture, PTX of the oldest when they differ, ``sm_90`` without a GPU."""
-    import torch
-
-    if not torch.cuda.is_available():
-        return "sm_90", "no CUDA device here (NVRTC compiled the kernels for sm_90 as a check)"
-    targets = {_ARCH.get(i) or device_target(i) for i in range(torch.cuda.device_count())}
-    if len(targets) == 1:
-        return targets.pop(), None
-    return f"compute_{min(int(t.split('_')[1]) for t in targets)}", None
 
 
 class Kernel:

@@ -4,28 +4,27 @@
 
 The glue declares ``kload::live::Kernel saxpy("saxpy<float>")`` objects (kload/live.h); each
 registers its name expression in the library as the library opens. Once the library is
-loaded (library.py), ``attach`` reads those names (``kload_live_v1_name``), has the
-device code's CudaModule (live_cuda.py) compile them for this machine's GPUs (NVRTC, or a
-cache hit), loads the image and binds every slot to its CUkernel and parameter list
-(``kload_live_v1_bind``). After an edit of the device code the module compiles again and
-binds the new kernels (``Glue.bind``), so the next call of the same ``torch.ops`` name
-launches them; the glue itself is not rebuilt. A new build of the glue is attached the
-same way. Nothing here is imported unless ``device_code`` is given.
+loaded (library.py), the handle's ``Server`` reads those names (``kload_live_v1_name``), has
+its CudaModule (live_cuda.py) compile them for this machine's GPUs (NVRTC, or a cache hit),
+loads the image and binds every slot to its CUkernel and parameter list
+(``kload_live_v1_bind``). After an edit of the device code the module compiles again and the
+server binds the new kernels, so the next call of the same ``torch.ops`` name launches them;
+the glue itself is not rebuilt. A new build of the glue replaces the old one the same way.
+Nothing here is imported unless ``device_code`` is given.
 """
 from __future__ import annotations
 
 import ctypes
-import logging
 import os
+import threading
 
 from . import live_cuda
-from .errors import KloadError
+from .errors import CompileError, KloadError
 
-log = logging.getLogger("kload")
-
-# library path -> [the CudaModule its slots are bound to, the binding's key]: the module is the last
-# one that attached the library (a notebook cell run again makes a new handle for the same library;
-# the old handle's edits then leave its slots alone)
+_lock = threading.Lock()  # held over each binding, and over a change of a library's server
+# library path -> [the Server its slots are bound by, the key of that binding]: the last load that
+# attached the library (a notebook cell run again makes a new handle for the same library; the old
+# handle's server then lets go of it)
 _serving: dict[str, list] = {}
 
 
@@ -46,30 +45,107 @@ class Glue:
         lib.kload_live_v1_name.argtypes = [ctypes.c_int]
         lib.kload_live_v1_bind.argtypes = [ctypes.c_char_p, ctypes.c_void_p] + [ctypes.c_char_p] * 3
         self.path, self._lib = path, lib
-        self.names = sorted({lib.kload_live_v1_name(i).decode() for i in range(lib.kload_live_v1_count())})
+        self.names = frozenset(lib.kload_live_v1_name(i).decode() for i in range(lib.kload_live_v1_count()))
 
-    def bind(self, module, image: "live_cuda.Image | None", where: str, reason: str | None) -> None:
-        """Bind every slot to ``image``'s kernel of its name; ``reason`` (no GPU, no NVRTC) binds
-        them to nothing, with that reason for the error a launch raises. Nothing happens unless
-        ``module`` is the one the library was last attached to."""
-        key = (image.entry.key if image is not None else None, reason)
-        serving = _serving.get(self.path)
-        if serving is None or serving[0] is not module or serving[1] == key:
-            return
-        for name in self.names:
-            kernel, params = 0, "?"
-            if image is not None:
-                params = " ".join(f"{kind}{size}" for kind, size in image.kernels[name]["params"])
-                if reason is None:
-                    kernel = image.kernel(name)[0].value
-            self._lib.kload_live_v1_bind(name.encode(), kernel, params.encode(), where.encode(),
-                                         (reason or "").encode())
-        serving[1] = key
+    def bind(self, server: "Server", image, where: str, reason: str | None, missing: str = "") -> None:
+        """Bind every slot to ``image``'s kernel of its name, if ``server`` is the library's.
+        ``reason`` (no GPU, no NVRTC): bound to no kernel, with it as the error a launch raises;
+        a name ``image`` lacks is bound to none, with ``missing`` as the reason."""
+        key = (image.entry.key if image is not None else None, reason, missing)
+        with _lock:
+            serving = _serving.get(self.path)
+            if serving is None or serving[0] is not server or serving[1] == key:
+                return
+            todo = []  # every kernel first (a driver error binds nothing), then every slot
+            for name in sorted(self.names):
+                k = image.kernels.get(name) if image is not None else None
+                if k is None:
+                    todo.append((name, 0, "?", missing or reason or "it was not compiled"))
+                    continue
+                params = " ".join(f"{kind}{size}" for kind, size in k["params"])
+                todo.append((name, image.kernel(name)[0].value if reason is None else 0, params, reason or ""))
+            for name, kernel, params, why in todo:
+                self._lib.kload_live_v1_bind(name.encode(), kernel, params.encode(), where.encode(), why.encode())
+            serving[1] = key
 
 
-def attach(module: live_cuda.CudaModule, library_path: str) -> Glue:
-    """Bind the slots of the loaded library at ``library_path`` to ``module``'s kernels now,
-    and after every edit of the device code. Raises CompileError (the device code does not
-    compile) or KloadError (no slots; no NVRTC or driver where a GPU is)."""
-    _serving[library_path] = [module, None]
-    return module.serve(Glue(library_path))
+def target() -> tuple[str, str | None]:
+    """What the glue's kernels compile for, and why they cannot be loaded (None: they can):
+    the GPUs' own architecture, PTX of the oldest when they differ, ``sm_90`` without a GPU."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return "sm_90", "no CUDA device here (NVRTC compiled the kernels for sm_90 as a check)"
+    targets = {live_cuda.device_target(i) for i in range(torch.cuda.device_count())}
+    if len(targets) == 1:
+        return targets.pop(), None
+    return f"compute_{min(int(t.split('_')[1]) for t in targets)}", None
+
+
+class Server:
+    """Keeps the slots of one handle's glue libraries bound to one CudaModule's kernels: at each
+    attach, and after each edit of the device code (the module's edit hook)."""
+
+    def __init__(self, module: live_cuda.CudaModule):
+        self.module, self.glues, self.retry, self.lock = module, [], None, threading.RLock()
+        module.on_edit(self._after_edit)
+
+    def attach(self, path: str, replaces: Glue | None = None, on_retry=None) -> Glue:
+        """Serve the loaded library at ``path`` (instead of ``replaces``, the handle's previous
+        build): compile its names, bind its slots. If the device code does not compile with its
+        names, the slots are bound to what there is, nothing else changes, ``on_retry`` is
+        called at the next edit of the device code, and the CompileError is raised."""
+        glue = Glue(path)
+        with _lock:
+            before = _serving.get(path)
+            _serving[path] = [self, None]
+        if before is not None and before[0] is not self:
+            before[0].let_go(path)
+        with self.lock:
+            old = list(self.glues)
+            self.glues[:] = [g for g in self.glues if g is not replaces and g.path != path] + [glue]
+            try:
+                self.bind()
+            except CompileError as e:
+                self.glues[:] = old
+                image = self.bind() if old else None  # the names served before: compiled already
+                self.retry = on_retry
+                glue.bind(self, image, os.path.basename(self.module.path), None,
+                          missing=f"the device code does not compile with its names ({str(e).splitlines()[0]})")
+                raise
+            self.retry = None
+        return glue
+
+    def let_go(self, path: str) -> None:
+        """Another handle's server took the library at ``path``."""
+        with self.lock:
+            self.glues[:] = [g for g in self.glues if g.path != path]
+            self.module.want(self, set().union(*(g.names for g in self.glues)))
+
+    def bind(self):
+        """Compile (or find) the served names for this machine's GPUs and bind every slot;
+        returns the image bound. Without a GPU the kernels are compiled as a check and bound
+        to no kernel, with the reason; without NVRTC too, only the reason."""
+        t, reason = target()
+        with self.lock:
+            self.module.want(self, set().union(*(g.names for g in self.glues)))
+            try:
+                img = self.module.image_with_names(t)  # names new to the module: one more compile
+            except KloadError as e:
+                if reason is None or isinstance(e, CompileError):
+                    raise
+                img, reason = None, f"no CUDA device here, and no NVRTC to compile the device code with ({e})"
+            for glue in self.glues:
+                glue.bind(self, img, os.path.basename(self.module.path), reason)
+            return img
+
+    def _after_edit(self) -> None:
+        retry, self.retry = self.retry, None
+        if retry is not None:  # a build of the glue waits for device code that compiles with its names
+            retry()
+        self.bind()
+
+
+def attach(server: Server, library_path: str, replaces: Glue | None = None, on_retry=None) -> Glue:
+    """``server.attach``: see there."""
+    return server.attach(library_path, replaces, on_retry)

@@ -352,7 +352,7 @@ def test_glue_binds_its_kernels_by_name_and_checks_each_launch(glue_file, kdir):
     ops = _glue(glue_file, kdir)
     x = torch.ones(4)
     ops.load()
-    assert ops._device.compiles == 1 and sorted(ops._device._names) == ["fill", "saxpy<float>"]
+    assert ops._device.module.compiles == 1 and sorted(ops._device.module.names()) == ["fill", "saxpy<float>"]
     # the kernels' parameters came with the binding: a launch is checked before any device is asked for
     with pytest.raises(TypeError, match=r"saxpy<float> \(saxpy.cu\): argument 3 is a double, the kernel takes "
                                         r"a float there"):
@@ -375,21 +375,28 @@ def test_an_edit_of_the_device_code_rebinds_without_rebuilding_the_glue(glue_fil
     ops = _glue(glue_file, kdir)
     glue_path = ops.build()
     ops.load()
-    target = next(iter(ops._device._images))  # the GPU's architecture; sm_90 without one
-    first = ops._device.image(target).entry
-    write(kdir / "scale.cuh", "#define SCALE 3.0f\n")
+    mod = ops._device.module
+    target = next(iter(mod._images))  # the GPU's architecture; sm_90 without one
+    first = mod.image(target).entry
+    x = torch.ones(4)
+    text = (kdir / "saxpy.cu").read_text()
+    (kdir / "saxpy.cu").write_text(text.replace("float a", "double a"))  # the slots' parameters change
     assert ops.reload() is True
     assert ops.build() == glue_path  # the same glue library; only the device code compiled
-    assert ops._device.image(target).entry.key != first.key and ops._device.compiles == 2
-    text = (kdir / "saxpy.cu").read_text()
+    assert mod.image(target).entry.key != first.key and mod.compiles == 2
+    with pytest.raises(TypeError, match="argument 3 is a float, the kernel takes a double"):  # rebound
+        ops.run(x, 2.0, 0)
     (kdir / "saxpy.cu").write_text(text.replace("out[i] = v;", "out[i] = v +;"))
     with caplog.at_level(logging.WARNING, logger="kload"):
         assert ops.reload() is False  # reported once; the last good kernels stay bound
     assert any("saxpy.cu:9:" in r.getMessage() and "keep serving" in r.getMessage() for r in caplog.records)
+    with pytest.raises(TypeError, match="the kernel takes a double"):
+        ops.run(x, 2.0, 0)
     (kdir / "saxpy.cu").write_text(text)
-    write(kdir / "scale.cuh", "#define SCALE 1.0f\n")
     before = nvrtc.COMPILES
-    assert ops.reload() is True and ops._device.image(target).entry.key == first.key and nvrtc.COMPILES == before
+    assert ops.reload() is True and mod.image(target).entry.key == first.key and nvrtc.COMPILES == before
+    with pytest.raises(TypeError, match="argument 3 is a double, the kernel takes a float"):  # the revert, bound
+        ops.run(x, 2.0, 1)
     # a fresh process: the glue and the device code are both cache hits, zero NVRTC compiles
     out = run_py(f"""
         import json, kload
@@ -398,6 +405,40 @@ def test_an_edit_of_the_device_code_rebinds_without_rebuilding_the_glue(glue_fil
         print(json.dumps({{"how": ops.build().how, "loaded": bool(ops.load()), "compiles": nvrtc.COMPILES}}))
     """)
     assert out == {"how": "cache", "loaded": True, "compiles": 0}
+
+
+@needs_nvrtc
+def test_a_save_rebinds_the_glue_from_the_watcher(glue_file, kdir):
+    ops = kload.load(glue_file, device_code=kdir / "saxpy.cu", reload=True).load()
+    text = (kdir / "saxpy.cu").read_text()
+    (kdir / "saxpy.cu").write_text(text.replace("float a", "double a"))  # saved: no reload() call
+    deadline, err = time.monotonic() + 20, None
+    while time.monotonic() < deadline:
+        try:
+            ops.run(torch.ones(4), 2.0, 0)
+        except TypeError as e:  # the slots now hold the new kernel's parameters
+            err = e
+            break
+        except (RuntimeError, ValueError):
+            time.sleep(0.05)
+    assert err is not None and "the kernel takes a double" in str(err)
+
+
+@needs_nvrtc
+def test_a_renamed_kernel_follows_the_glue_and_the_device_code_in_either_order(kdir, tmp_path):
+    glue = write(tmp_path / "renamed" / "glue_renamed.cpp", GLUE)
+    ops = kload.load(glue, device_code=kdir / "saxpy.cu", reload=False).load()
+    text, cpp = (kdir / "saxpy.cu").read_text(), glue.read_text()
+    # the glue first: its new build asks for `fill2`, which the device code lacks yet
+    glue.write_text(cpp.replace('Kernel fill("fill")', 'Kernel fill("fill2")'))
+    assert ops.reload() is False  # said: the last good build keeps serving
+    with pytest.raises(ValueError, match="argument 0 is a tensor on cpu"):
+        ops.run(torch.ones(4), 2.0, 5)  # the old build, its `fill`, still bound
+    (kdir / "saxpy.cu").write_text(text.replace("void fill(", "void fill2("))
+    assert ops.reload() is True  # now both agree: the new build is bound, with `fill2`
+    assert sorted(ops._device.module.names()) == ["fill2", "saxpy<float>"]
+    with pytest.raises(ValueError, match="argument 0 is a tensor on cpu"):
+        ops.run(torch.ones(4), 2.0, 5)
 
 
 @needs_nvrtc

@@ -8,9 +8,11 @@
 //   #include <kload/live.h>
 //   static kload::live::Kernel saxpy("saxpy<float>");   // at namespace scope: a name expression
 //   at::Tensor saxpy_op(const at::Tensor& x, const at::Tensor& y, double a) {
-//     auto out = at::empty_like(y);
-//     int64_t n = y.numel();
-//     if (n) saxpy[{(n + 255) / 256, 256}](out, x, y, float(a), n);   // [{grid, block(, shared)}]
+//     TORCH_CHECK(x.dtype() == at::kFloat && y.dtype() == at::kFloat && x.sizes() == y.sizes());
+//     auto xc = x.contiguous(), yc = y.contiguous();
+//     auto out = at::empty_like(yc);
+//     int64_t n = yc.numel();
+//     if (n) saxpy[{(n + 255) / 256, 256}](out, xc, yc, float(a), n);   // [{grid, block(, shared)}]
 //     return out;
 //   }
 //
@@ -23,7 +25,9 @@
 // A launch: a tensor argument is its data pointer, anything else is passed by value. The
 // arguments are checked against the kernel's parameters (count, size, float or not) before
 // the driver is called, so `a` passed as a double to a `float a` is a TypeError, not a wrong
-// answer. It runs on torch's current stream of the tensors' device, under that device's guard.
+// answer. The PTX cannot tell more: a pointer and a 64-bit integer, or __half and bfloat16,
+// look alike, and the kernel sees raw pointers, so dtypes, contiguity and sizes are the glue's
+// to check (as above), as in any CUDA launch. It runs on torch's current stream of the tensors' device, under that device's guard.
 // No CUDA header and no CUDA library is needed to compile this: the driver (libcuda) is
 // opened at the first launch; a CPU build of torch compiles the glue too.
 //
@@ -48,14 +52,18 @@
 
 #include <sstream>
 #include <stdexcept>
-namespace kload::live::detail {
+namespace kload::live {
+inline namespace stable_v1 {  // KLOAD_LIVE_ABI, below
+namespace detail {
 template <class... A>
-std::string cat(const A&... parts) {
+__attribute__((visibility("hidden"))) std::string cat(const A&... parts) {
   std::ostringstream s;
   (s << ... << parts);
   return s.str();
 }
-}  // namespace kload::live::detail
+}  // namespace detail
+}  // namespace stable_v1
+}  // namespace kload::live
 // std::runtime_error with kload's message alone (STD_TORCH_CHECK would put this header's file:line first)
 #define KLOAD_LIVE_CHECK(cond, ...) \
   do {                              \
@@ -75,7 +83,18 @@ std::string cat(const A&... parts) {
 
 #define KLOAD_LIVE_HIDDEN __attribute__((visibility("hidden")))
 
+// Everything below is private to the library that includes it (hidden: a second glue library in the
+// process, even one in the global symbol scope, has its own registry and code), and the code that
+// depends on the ABI lives in an inline namespace of its own (an op library and a stable one never
+// share a definition).
+#pragma GCC visibility push(hidden)
+#ifdef KLOAD_STABLE_H_
+#define KLOAD_LIVE_ABI stable_v1
+#else
+#define KLOAD_LIVE_ABI aten_v1
+#endif
 namespace kload::live {
+inline namespace KLOAD_LIVE_ABI {
 
 struct Dim3 {
   int64_t x = 1, y = 1, z = 1;
@@ -206,20 +225,23 @@ KLOAD_LIVE_HIDDEN inline void check(const Driver& d, int rc, const std::string& 
   KLOAD_LIVE_CHECK(false, what, ": ", name ? name : "CUDA error", ": ", text ? text : std::to_string(rc));
 }
 
-// A CUkernel launches in the thread's current context: torch's device guard gives a thread one
-// once it switches devices; a thread that never made a CUDA call gets the primary context here.
+// A CUkernel launches in the thread's current context, which must be the launch device's primary
+// context (torch's): it is checked at every launch (cuCtxGetCurrent, tens of nanoseconds) and set
+// when it is another or none (a thread that made no CUDA call yet, another library's context).
 KLOAD_LIVE_HIDDEN inline void ensure_context(const Driver& d, int device) {
-  static thread_local bool has_context = false;
-  if (has_context) return;
-  void* ctx = nullptr;
-  check(d, d.ctx_get_current(&ctx), "kload: cuCtxGetCurrent");
-  if (!ctx) {
+  static std::atomic<void*> primary[64];
+  KLOAD_LIVE_CHECK(device >= 0 && device < 64, "kload: CUDA device ", device, " is out of range");
+  void* want = primary[device].load(std::memory_order_acquire);
+  if (!want) {
     int dev = 0;
     check(d, d.device_get(&dev, device), "kload: cuDeviceGet");
-    check(d, d.primary_ctx_retain(&ctx, dev), "kload: cuDevicePrimaryCtxRetain");
-    check(d, d.ctx_set_current(ctx), "kload: cuCtxSetCurrent");
+    check(d, d.primary_ctx_retain(&want, dev), "kload: cuDevicePrimaryCtxRetain");  // once per device
+    void* none = nullptr;
+    if (!primary[device].compare_exchange_strong(none, want)) want = none;
   }
-  has_context = true;
+  void* current = nullptr;
+  check(d, d.ctx_get_current(&current), "kload: cuCtxGetCurrent");
+  if (current != want) check(d, d.ctx_set_current(want), "kload: cuCtxSetCurrent");
 }
 
 // One argument as the launch sees it: kind 'f' (floating point), 'i' (integer, bool, pointer)
@@ -233,6 +255,7 @@ struct Arg {
 
 template <class T>
 Arg describe(const T& v) {
+  static_assert(!std::is_array_v<T>, "kload::live: pass a pointer (or a tensor), not an array or a string literal");
   using U = std::decay_t<T>;
   if constexpr (is_tensor<U>) {
     return {'i', 8, nullptr, &v};
@@ -302,9 +325,9 @@ KLOAD_LIVE_HIDDEN inline void launch(const Slot& slot, const Config& c, const Ar
   if (c.shared > 48 * 1024) {  // more dynamic shared memory than the default needs the kernel's permission
     int dev = 0;
     check(d, d.device_get(&dev, device), "kload: cuDeviceGet");
-    check(d, d.kernel_set_attribute(8 /* CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES */, int(c.shared),
-                                    img->kernel, dev),
-          "kload: " + slot.name + ": " + std::to_string(c.shared) + " bytes of dynamic shared memory");
+    const int rc = d.kernel_set_attribute(8 /* CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES */,
+                                          int(c.shared), img->kernel, dev);
+    if (rc) check(d, rc, "kload: " + slot.name + ": " + std::to_string(c.shared) + " bytes of dynamic shared memory");
   }
   void* cells[16];  // tensors' data pointers
   void* ptrs[16];
@@ -373,7 +396,9 @@ class Kernel {
   detail::Slot* slot_;  // leaked on purpose: it lives as long as the library
 };
 
+}  // namespace KLOAD_LIVE_ABI
 }  // namespace kload::live
+#pragma GCC visibility pop
 
 // What kload (Python) calls on the loaded library: the names, then one bind per name.
 extern "C" {
