@@ -7,6 +7,7 @@ The GPU tests at the end run where torch sees a CUDA device. NVRTC compiles for 
 """
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 import time
@@ -32,6 +33,8 @@ def _has_nvrtc() -> bool:
 
 needs_nvrtc = pytest.mark.skipif(not _has_nvrtc(), reason="no NVRTC (a CUDA build of torch brings it)")
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+# reload on save needs watchdog (a dependency; a bare GPU image may lack it, and benchmarks/gpu.sh goes on)
+needs_watchdog = pytest.mark.skipif(importlib.util.find_spec("watchdog") is None, reason="needs watchdog")
 
 SAXPY = """\
     #include "scale.cuh"
@@ -257,6 +260,7 @@ def test_a_new_kernel_name_compiles_once_more(kdir):
 
 
 @needs_nvrtc
+@needs_watchdog
 def test_save_marks_the_module_stale(kdir):
     mod = module(kdir, reload=True)
     first = mod.compile("sm_90")
@@ -408,6 +412,7 @@ def test_an_edit_of_the_device_code_rebinds_without_rebuilding_the_glue(glue_fil
 
 
 @needs_nvrtc
+@needs_watchdog
 def test_a_save_rebinds_the_glue_from_the_watcher(glue_file, kdir):
     ops = kload.load(glue_file, device_code=kdir / "saxpy.cu", reload=True).load()
     text = (kdir / "saxpy.cu").read_text()
