@@ -497,6 +497,17 @@ def test_stable_abi_glue_binds_and_checks_the_same_way(kdir):
             ops.fill_like(x, 2.0, 0)
 
 
+@pytest.mark.skipif(_has_nvrtc(), reason="checks a torch without NVRTC (the CPU venv of make test)")
+def test_glue_loads_where_there_is_no_nvrtc(kdir, monkeypatch):
+    # a CPU build of torch: the glue builds and loads, its slots are bound to a reason, nothing raises
+    # until a launch, which says what is wrong with its tensors first (the stable glue: a ~3 s build)
+    monkeypatch.setenv("KLOAD_PCH", "0")  # no precompiled stable.h for one build
+    ops = kload.load(write(kdir / "glue_stable.cpp", GLUE_STABLE), device_code=kdir / "saxpy.cu", reload=False)
+    with pytest.raises(RuntimeError, match="argument 0 is a tensor on cpu; the kernel runs on a CUDA device"):
+        ops.fill_like(torch.ones(4), 2.0, 1)  # unchecked (no parameters without NVRTC): the device check
+    assert ops._device.module.compiles == 0
+
+
 # -- on a GPU ---------------------------------------------------------------------------
 
 def _op(mod, opname: str):
