@@ -92,10 +92,15 @@ class Handle:
         from .errors import KloadError
 
         try:  # the device code too (its own key; the glue is not rebuilt for it)
-            return self._device.module.reload() or rebuilt
+            changed = self._device.module.reload()
+            if not changed:
+                self._device.bind()  # one an earlier failure left undone (nothing, when bound)
         except KloadError as e:  # as a failed rebuild: said once, the last good kernels keep serving
             self._say_failed(e)
-            return rebuilt
+            changed = False
+        if self._stale:  # the device code's edit lets a waiting build of the glue try again
+            rebuilt = self._refresh() or rebuilt
+        return changed or rebuilt
 
     @property
     def ops(self):

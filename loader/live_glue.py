@@ -56,14 +56,18 @@ class Glue:
             serving = _serving.get(self.path)
             if serving is None or serving[0] is not server or serving[1] == key:
                 return
-            todo = []  # every kernel first (a driver error binds nothing), then every slot
-            for name in sorted(self.names):
-                k = image.kernels.get(name) if image is not None else None
-                if k is None:
-                    todo.append((name, 0, "?", missing or reason or "it was not compiled"))
-                    continue
-                params = " ".join(f"{kind}{size}" for kind, size in k["params"])
-                todo.append((name, image.kernel(name)[0].value if reason is None else 0, params, reason or ""))
+        todo = []  # every kernel first, outside the lock (the driver may load the image), then every slot
+        for name in sorted(self.names):
+            k = image.kernels.get(name) if image is not None else None
+            if k is None:
+                todo.append((name, 0, "?", missing or reason or "it was not compiled"))
+                continue
+            params = " ".join(f"{kind}{size}" for kind, size in k["params"])
+            todo.append((name, image.kernel(name)[0].value if reason is None else 0, params, reason or ""))
+        with _lock:
+            serving = _serving.get(self.path)
+            if serving is None or serving[0] is not server:  # another server took the library meanwhile
+                return
             for name, kernel, params, why in todo:
                 self._lib.kload_live_v1_bind(name.encode(), kernel, params.encode(), where.encode(), why.encode())
             serving[1] = key
@@ -92,28 +96,48 @@ class Server:
 
     def attach(self, path: str, replaces: Glue | None = None, on_retry=None) -> Glue:
         """Serve the loaded library at ``path`` (instead of ``replaces``, the handle's previous
-        build): compile its names, bind its slots. If the device code does not compile with its
-        names, the slots are bound to what there is, nothing else changes, ``on_retry`` is
-        called at the next edit of the device code, and the CompileError is raised."""
+        build): compile its names, bind its slots. If that fails, nothing else changes: the
+        glues served before keep their kernels, a library another server had goes back to it,
+        and the error is raised; for a CompileError (the device code does not compile with this
+        build's names) the new slots are bound to what there is, the rest say why, and
+        ``on_retry`` is called at the next edit of the device code."""
         glue = Glue(path)
         with _lock:
             before = _serving.get(path)
             _serving[path] = [self, None]
-        if before is not None and before[0] is not self:
-            before[0].let_go(path)
+        previous = before[0] if before is not None and before[0] is not self else None
         with self.lock:
             old = list(self.glues)
             self.glues[:] = [g for g in self.glues if g is not replaces and g.path != path] + [glue]
             try:
                 self.bind()
-            except CompileError as e:
+            except KloadError as e:
                 self.glues[:] = old
-                image = self.bind() if old else None  # the names served before: compiled already
-                self.retry = on_retry
-                glue.bind(self, image, os.path.basename(self.module.path), None,
-                          missing=f"the device code does not compile with its names ({str(e).splitlines()[0]})")
-                raise
+                try:
+                    image, reason = self.bind()  # the names served before: compiled already
+                except KloadError:
+                    image, reason = None, None
+                if previous is not None:
+                    with _lock:
+                        _serving[path] = [previous, None]
+                    try:
+                        previous.bind()
+                    except KloadError:
+                        pass
+                elif isinstance(e, CompileError):
+                    first = str(e).splitlines()[0]
+                    glue.bind(self, image, os.path.basename(self.module.path), reason,
+                              missing=f"the device code did not compile with this build's names ({first})")
+                if isinstance(e, CompileError):
+                    self.retry = on_retry
+                raise e from None
             self.retry = None
+        if previous is not None:
+            previous.let_go(path)
+        if replaces is not None and replaces.path != path:
+            with _lock:  # the handle's previous build: nobody binds it any more
+                if _serving.get(replaces.path, [None])[0] is self:
+                    del _serving[replaces.path]
         return glue
 
     def let_go(self, path: str) -> None:
@@ -122,13 +146,16 @@ class Server:
             self.glues[:] = [g for g in self.glues if g.path != path]
             self.module.want(self, set().union(*(g.names for g in self.glues)))
 
-    def bind(self):
+    def bind(self) -> tuple:
         """Compile (or find) the served names for this machine's GPUs and bind every slot;
-        returns the image bound. Without a GPU the kernels are compiled as a check and bound
-        to no kernel, with the reason; without NVRTC too, only the reason."""
+        returns the image bound and why it has no kernels (None: it has). Without a GPU the
+        kernels are compiled as a check and bound to no kernel, with the reason; without NVRTC
+        too, only the reason."""
         t, reason = target()
         with self.lock:
             self.module.want(self, set().union(*(g.names for g in self.glues)))
+            if not self.glues:  # nothing to serve: no compile
+                return None, reason
             try:
                 img = self.module.image_with_names(t)  # names new to the module: one more compile
             except KloadError as e:
@@ -137,10 +164,11 @@ class Server:
                 img, reason = None, f"no CUDA device here, and no NVRTC to compile the device code with ({e})"
             for glue in self.glues:
                 glue.bind(self, img, os.path.basename(self.module.path), reason)
-            return img
+            return img, reason
 
     def _after_edit(self) -> None:
-        retry, self.retry = self.retry, None
+        with self.lock:
+            retry, self.retry = self.retry, None
         if retry is not None:  # a build of the glue waits for device code that compiles with its names
             retry()
         self.bind()

@@ -462,6 +462,18 @@ def test_the_last_load_of_a_glue_binds_its_slots(glue_file, kdir):
         second.run(x, 2.0, 0)
 
 
+@needs_nvrtc
+def test_a_second_load_whose_device_code_fails_leaves_the_first_bound(glue_file, kdir):
+    first = _glue(glue_file, kdir).load()
+    write(kdir / "broken" / "saxpy.cu", SAXPY.replace("out[i] = v;", "out[i] = v +;"))
+    write(kdir / "broken" / "scale.cuh", "#define SCALE 1.0f\n")
+    second = kload.load(glue_file, device_code=kdir / "broken" / "saxpy.cu", reload=False)
+    with pytest.raises(kload.CompileError, match=r"saxpy\.cu:9:"):
+        second.load()
+    with pytest.raises(TypeError, match="argument 3 is a double, the kernel takes a float"):  # still bound
+        first.run(torch.ones(4), 2.0, 1)
+
+
 # The same on the stable ABI (a second glue build, ~3 s: the ABI changes the header's tensor, guard
 # and stream, which the op library above cannot show)
 GLUE_STABLE = """\

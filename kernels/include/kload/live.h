@@ -47,13 +47,19 @@
 #include <type_traits>
 #include <vector>
 
+#ifdef KLOAD_STABLE_H_
+#define KLOAD_LIVE_ABI stable_v1
+#else
+#define KLOAD_LIVE_ABI aten_v1
+#endif
+
 #ifdef KLOAD_STABLE_H_  // stable-ABI glue (<kload/stable.h> first): its Tensor, guard and errors
 #include <torch/csrc/stable/accelerator.h>
 
 #include <sstream>
 #include <stdexcept>
 namespace kload::live {
-inline namespace stable_v1 {  // KLOAD_LIVE_ABI, below
+inline namespace KLOAD_LIVE_ABI {
 namespace detail {
 template <class... A>
 __attribute__((visibility("hidden"))) std::string cat(const A&... parts) {
@@ -62,7 +68,7 @@ __attribute__((visibility("hidden"))) std::string cat(const A&... parts) {
   return s.str();
 }
 }  // namespace detail
-}  // namespace stable_v1
+}  // namespace KLOAD_LIVE_ABI
 }  // namespace kload::live
 // std::runtime_error with kload's message alone (STD_TORCH_CHECK would put this header's file:line first)
 #define KLOAD_LIVE_CHECK(cond, ...) \
@@ -88,12 +94,41 @@ __attribute__((visibility("hidden"))) std::string cat(const A&... parts) {
 // depends on the ABI lives in an inline namespace of its own (an op library and a stable one never
 // share a definition).
 #pragma GCC visibility push(hidden)
-#ifdef KLOAD_STABLE_H_
-#define KLOAD_LIVE_ABI stable_v1
-#else
-#define KLOAD_LIVE_ABI aten_v1
-#endif
 namespace kload::live {
+
+// The slots: one registry per library, whichever ABI each of its sources uses.
+namespace slots {
+
+struct Param {
+  char kind;  // 'f' float, 'u'/'s'/'b' integer, pointer or (with more bytes) a struct: from the PTX
+  int size;
+};
+
+// What one slot launches; published once, never changed or freed (a launch on another thread
+// may still hold the previous one).
+struct Image {
+  void* kernel = nullptr;     // CUkernel, or null: compiled but not loaded (reason says why)
+  std::vector<Param> params;  // empty and unchecked when `checked` is false
+  bool checked = false;
+  std::string where, reason;  // the kernel file's name; why there is no kernel
+};
+
+struct Slot {
+  std::string name;
+  std::atomic<const Image*> image{nullptr};
+};
+
+inline std::mutex& registry_mutex() {
+  static std::mutex m;
+  return m;
+}
+inline std::vector<Slot*>& registry() {
+  static std::vector<Slot*> all;  // never destroyed before the library: slots are leaked on purpose
+  return all;
+}
+
+}  // namespace slots
+
 inline namespace KLOAD_LIVE_ABI {
 
 struct Dim3 {
@@ -149,33 +184,9 @@ inline void* current_stream(int index) {
 }
 #endif
 
-struct Param {
-  char kind;  // 'f' float, 'u'/'s'/'b' integer, pointer or (with more bytes) a struct: from the PTX
-  int size;
-};
-
-// What one slot launches; published once, never changed or freed (a launch on another thread
-// may still hold the previous one).
-struct Image {
-  void* kernel = nullptr;     // CUkernel, or null: compiled but not loaded (reason says why)
-  std::vector<Param> params;  // empty and unchecked when `checked` is false
-  bool checked = false;
-  std::string where, reason;  // the kernel file's name; why there is no kernel
-};
-
-struct Slot {
-  std::string name;
-  std::atomic<const Image*> image{nullptr};
-};
-
-KLOAD_LIVE_HIDDEN inline std::mutex& registry_mutex() {
-  static std::mutex m;
-  return m;
-}
-KLOAD_LIVE_HIDDEN inline std::vector<Slot*>& registry() {
-  static std::vector<Slot*> slots;  // never destroyed before the library: slots are leaked on purpose
-  return slots;
-}
+using slots::Image;
+using slots::Param;
+using slots::Slot;
 
 struct Driver {
   int (*launch)(void*, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void*, void**, void**);
@@ -373,8 +384,8 @@ class Kernel {
  public:
   explicit Kernel(const char* name_expression) : slot_(new detail::Slot) {
     slot_->name = name_expression;
-    std::lock_guard<std::mutex> lock(detail::registry_mutex());
-    detail::registry().push_back(slot_);
+    std::lock_guard<std::mutex> lock(slots::registry_mutex());
+    slots::registry().push_back(slot_);
   }
   Kernel(const Kernel&) = delete;
   Kernel& operator=(const Kernel&) = delete;
@@ -403,13 +414,13 @@ class Kernel {
 // What kload (Python) calls on the loaded library: the names, then one bind per name.
 extern "C" {
 __attribute__((used, visibility("default"))) inline int kload_live_v1_count() {
-  std::lock_guard<std::mutex> lock(kload::live::detail::registry_mutex());
-  return int(kload::live::detail::registry().size());
+  std::lock_guard<std::mutex> lock(kload::live::slots::registry_mutex());
+  return int(kload::live::slots::registry().size());
 }
 
 __attribute__((used, visibility("default"))) inline const char* kload_live_v1_name(int i) {
-  std::lock_guard<std::mutex> lock(kload::live::detail::registry_mutex());
-  auto& r = kload::live::detail::registry();
+  std::lock_guard<std::mutex> lock(kload::live::slots::registry_mutex());
+  auto& r = kload::live::slots::registry();
   return i >= 0 && size_t(i) < r.size() ? r[size_t(i)]->name.c_str() : nullptr;
 }
 
@@ -419,7 +430,7 @@ __attribute__((used, visibility("default"))) inline const char* kload_live_v1_na
 __attribute__((used, visibility("default"))) inline int kload_live_v1_bind(const char* name, void* kernel,
                                                                            const char* params, const char* where,
                                                                            const char* reason) {
-  using namespace kload::live::detail;
+  using namespace kload::live::slots;
   auto* img = new Image;  // never freed: see Image
   img->kernel = kernel;
   img->where = where ? where : "";
@@ -446,4 +457,9 @@ __attribute__((used, visibility("default"))) inline int kload_live_v1_bind(const
 }
 }
 
+#undef KLOAD_LIVE_CHECK
+#undef KLOAD_LIVE_CHECK_TYPE
+#undef KLOAD_LIVE_CHECK_VALUE
+#undef KLOAD_LIVE_HIDDEN
+#undef KLOAD_LIVE_ABI
 #endif  // KLOAD_LIVE_H_
