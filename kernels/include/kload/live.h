@@ -47,47 +47,8 @@
 #include <type_traits>
 #include <vector>
 
-#ifdef KLOAD_STABLE_H_
-#define KLOAD_LIVE_ABI stable_v1
-#else
-#define KLOAD_LIVE_ABI aten_v1
-#endif
-
-#ifdef KLOAD_STABLE_H_  // stable-ABI glue (<kload/stable.h> first): its Tensor, guard and errors
-#include <torch/csrc/stable/accelerator.h>
-
-#include <sstream>
-#include <stdexcept>
-namespace kload::live {
-inline namespace KLOAD_LIVE_ABI {
-namespace detail {
-template <class... A>
-__attribute__((visibility("hidden"))) std::string cat(const A&... parts) {
-  std::ostringstream s;
-  (s << ... << parts);
-  return s.str();
-}
-}  // namespace detail
-}  // namespace KLOAD_LIVE_ABI
-}  // namespace kload::live
-// std::runtime_error with kload's message alone (STD_TORCH_CHECK would put this header's file:line first)
-#define KLOAD_LIVE_CHECK(cond, ...) \
-  do {                              \
-    if (!(cond)) throw std::runtime_error(::kload::live::detail::cat(__VA_ARGS__)); \
-  } while (0)
-#define KLOAD_LIVE_CHECK_TYPE KLOAD_LIVE_CHECK   // the stable ABI raises RuntimeError only
-#define KLOAD_LIVE_CHECK_VALUE KLOAD_LIVE_CHECK
-#else                   // an op library: ATen's
-#include <ATen/core/TensorBase.h>
-#include <c10/core/DeviceGuard.h>
-#include <c10/core/impl/DeviceGuardImplInterface.h>
-#include <c10/util/Exception.h>
-#define KLOAD_LIVE_CHECK TORCH_CHECK
-#define KLOAD_LIVE_CHECK_TYPE TORCH_CHECK_TYPE
-#define KLOAD_LIVE_CHECK_VALUE TORCH_CHECK_VALUE
-#endif
-
-#define KLOAD_LIVE_HIDDEN __attribute__((visibility("hidden")))
+#include "live/abi.h"     // per ABI: the tensor type, errors, guard, stream
+#include "live/driver.h"  // the CUDA driver, opened at the first launch
 
 // Everything below is private to the library that includes it (hidden: a second glue library in the
 // process, even one in the global symbol scope, has its own registry and code), and the code that
@@ -144,116 +105,9 @@ struct Config {
 
 namespace detail {
 
-// What a launch needs of a tensor, the device guard and torch's current stream, per ABI.
-#ifdef KLOAD_STABLE_H_
-using TensorType = torch::stable::Tensor;
-template <class U>
-constexpr bool is_tensor = std::is_same_v<U, torch::stable::Tensor>;
-inline std::string where(const TensorType& t) { return kload::device_str(t); }
-inline bool same_device(const TensorType& a, const TensorType& b) {
-  return a.is_cuda() == b.is_cuda() && a.get_device_index() == b.get_device_index();
-}
-using Guard = torch::stable::accelerator::DeviceGuard;
-// aoti_torch_get_current_cuda_stream is in libtorch_cuda, which a glue without .cu sources does not
-// link: it is looked up in the process at the first launch (a CPU torch never gets that far).
-inline void* current_stream(int index) {
-  using Fn = int32_t (*)(int32_t, void**);
-  static const Fn fn = [] {
-    void* lib = dlopen("libtorch_cuda.so", RTLD_NOW | RTLD_NOLOAD);
-    return lib ? reinterpret_cast<Fn>(dlsym(lib, "aoti_torch_get_current_cuda_stream")) : nullptr;
-  }();
-  KLOAD_LIVE_CHECK(fn, "kload: torch's CUDA library (libtorch_cuda.so) is not loaded in this process");
-  void* stream = nullptr;
-  KLOAD_LIVE_CHECK(fn(index, &stream) == 0, "kload: no current CUDA stream for device ", index);
-  return stream;
-}
-#else
-using TensorType = at::TensorBase;
-template <class U>
-constexpr bool is_tensor = std::is_base_of_v<at::TensorBase, U>;
-inline std::string where(const TensorType& t) { return t.device().str(); }
-inline bool same_device(const TensorType& a, const TensorType& b) { return a.device() == b.device(); }
-struct Guard {
-  c10::DeviceGuard guard;
-  explicit Guard(int index) : guard(c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(index))) {}
-};
-inline void* current_stream(int index) {
-  const auto* impl = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
-  return impl->getStreamNativeHandle(
-      impl->getStream(c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(index))));
-}
-#endif
-
 using slots::Image;
 using slots::Param;
 using slots::Slot;
-
-struct Driver {
-  int (*launch)(void*, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void*, void**, void**);
-  int (*error_name)(int, const char**);
-  int (*error_string)(int, const char**);
-  int (*ctx_get_current)(void**);
-  int (*ctx_set_current)(void*);
-  int (*device_get)(int*, int);
-  int (*primary_ctx_retain)(void**, int);
-  int (*kernel_set_attribute)(int, int, void*, int);
-  std::string error;
-};
-
-KLOAD_LIVE_HIDDEN inline const Driver& driver() {
-  static const Driver d = [] {
-    Driver out{};
-    void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-    if (!lib) {
-      const char* why = dlerror();
-      out.error = std::string("kload: the CUDA driver (libcuda.so.1) cannot be loaded: ") + (why ? why : "?");
-      return out;
-    }
-    auto sym = [&](const char* name) {
-      void* p = dlsym(lib, name);
-      if (!p && out.error.empty()) out.error = std::string("kload: the CUDA driver has no ") + name;
-      return p;
-    };
-    out.launch = reinterpret_cast<decltype(out.launch)>(sym("cuLaunchKernel"));
-    out.error_name = reinterpret_cast<decltype(out.error_name)>(sym("cuGetErrorName"));
-    out.error_string = reinterpret_cast<decltype(out.error_string)>(sym("cuGetErrorString"));
-    out.ctx_get_current = reinterpret_cast<decltype(out.ctx_get_current)>(sym("cuCtxGetCurrent"));
-    out.ctx_set_current = reinterpret_cast<decltype(out.ctx_set_current)>(sym("cuCtxSetCurrent"));
-    out.device_get = reinterpret_cast<decltype(out.device_get)>(sym("cuDeviceGet"));
-    out.primary_ctx_retain = reinterpret_cast<decltype(out.primary_ctx_retain)>(sym("cuDevicePrimaryCtxRetain"));
-    out.kernel_set_attribute = reinterpret_cast<decltype(out.kernel_set_attribute)>(sym("cuKernelSetAttribute"));
-    return out;
-  }();
-  KLOAD_LIVE_CHECK(d.error.empty(), d.error);
-  return d;
-}
-
-KLOAD_LIVE_HIDDEN inline void check(const Driver& d, int rc, const std::string& what) {
-  if (rc == 0) return;
-  const char *name = nullptr, *text = nullptr;
-  d.error_name(rc, &name);
-  d.error_string(rc, &text);
-  KLOAD_LIVE_CHECK(false, what, ": ", name ? name : "CUDA error", ": ", text ? text : std::to_string(rc));
-}
-
-// A CUkernel launches in the thread's current context, which must be the launch device's primary
-// context (torch's): it is checked at every launch (cuCtxGetCurrent, tens of nanoseconds) and set
-// when it is another or none (a thread that made no CUDA call yet, another library's context).
-KLOAD_LIVE_HIDDEN inline void ensure_context(const Driver& d, int device) {
-  static std::atomic<void*> primary[64];
-  KLOAD_LIVE_CHECK(device >= 0 && device < 64, "kload: CUDA device ", device, " is out of range");
-  void* want = primary[device].load(std::memory_order_acquire);
-  if (!want) {
-    int dev = 0;
-    check(d, d.device_get(&dev, device), "kload: cuDeviceGet");
-    check(d, d.primary_ctx_retain(&want, dev), "kload: cuDevicePrimaryCtxRetain");  // once per device
-    void* none = nullptr;
-    if (!primary[device].compare_exchange_strong(none, want)) want = none;
-  }
-  void* current = nullptr;
-  check(d, d.ctx_get_current(&current), "kload: cuCtxGetCurrent");
-  if (current != want) check(d, d.ctx_set_current(want), "kload: cuCtxSetCurrent");
-}
 
 // One argument as the launch sees it: kind 'f' (floating point), 'i' (integer, bool, pointer)
 // or 's' (a struct by value), its size, and where its bytes are.
