@@ -176,7 +176,7 @@ class Handle:
                                           reload=self._opts.reload)
             self.__dict__["_device"] = live_glue.Server(module)
         # if the device code does not compile with this build's names, the next edit of it retries
-        glue = live_glue.attach(self._device, str(loaded.entry.artifact), self._glue, self._mark_stale)
+        glue = self._device.attach(str(loaded.entry.artifact), self._glue, self._mark_stale)
         self.__dict__["_glue"] = glue
 
     def _watch(self) -> None:

@@ -173,7 +173,3 @@ class Server:
             retry()
         self.bind()
 
-
-def attach(server: Server, library_path: str, replaces: Glue | None = None, on_retry=None) -> Glue:
-    """``server.attach``: see there."""
-    return server.attach(library_path, replaces, on_retry)
