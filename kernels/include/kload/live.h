@@ -36,7 +36,6 @@
 #ifndef KLOAD_LIVE_H_
 #define KLOAD_LIVE_H_
 
-#include <dlfcn.h>
 
 #include <atomic>
 #include <cstdint>
@@ -135,19 +134,19 @@ Arg describe(const T& v) {
   }
 }
 
-KLOAD_LIVE_HIDDEN inline std::string param_text(const Param& p) {
+inline std::string param_text(const Param& p) {
   if (p.kind == 'f') return p.size == 4 ? "float" : p.size == 8 ? "double" : std::to_string(p.size) + "-byte float";
   if (p.size > 8 || p.kind == 'b') return std::to_string(p.size) + "-byte value";
   return std::to_string(p.size) + "-byte integer" + (p.size == 8 ? " or pointer" : "");
 }
 
-KLOAD_LIVE_HIDDEN inline std::string arg_text(const Arg& a) {
+inline std::string arg_text(const Arg& a) {
   if (a.tensor) return "a tensor (its data pointer)";
   if (a.kind == 'f') return a.size == 4 ? "a float" : a.size == 8 ? "a double" : "a floating-point value";
   return "a " + std::to_string(a.size) + (a.kind == 's' ? "-byte struct" : "-byte integer");
 }
 
-KLOAD_LIVE_HIDDEN inline void check_dims(const std::string& name, const char* what, const Dim3& d, const int64_t* top) {
+inline void check_dims(const std::string& name, const char* what, const Dim3& d, const int64_t* top) {
   const int64_t v[3] = {d.x, d.y, d.z};
   for (int i = 0; i < 3; ++i)
     KLOAD_LIVE_CHECK_VALUE(v[i] >= 1 && v[i] <= top[i], "kload: ", name, ": ", what, ".", "xyz"[i], " = ", v[i],
@@ -155,7 +154,7 @@ KLOAD_LIVE_HIDDEN inline void check_dims(const std::string& name, const char* wh
 }
 
 // Checks the arguments against the parameters, finds the device, launches.
-KLOAD_LIVE_HIDDEN inline void launch(const Slot& slot, const Config& c, const Arg* args, size_t n) {
+inline void launch(const Slot& slot, const Config& c, const Arg* args, size_t n) {
   const Image* img = slot.image.load(std::memory_order_acquire);
   KLOAD_LIVE_CHECK(img, "kload: kernel '", slot.name, "' has no device code: load the glue with kload.load(..., "
               "device_code=\"kernels.cu\"), and declare kload::live::Kernel objects at namespace scope");
@@ -314,6 +313,5 @@ __attribute__((used, visibility("default"))) inline int kload_live_v1_bind(const
 #undef KLOAD_LIVE_CHECK
 #undef KLOAD_LIVE_CHECK_TYPE
 #undef KLOAD_LIVE_CHECK_VALUE
-#undef KLOAD_LIVE_HIDDEN
 #undef KLOAD_LIVE_ABI
 #endif  // KLOAD_LIVE_H_

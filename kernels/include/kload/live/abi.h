@@ -51,8 +51,6 @@ __attribute__((visibility("hidden"))) std::string cat(const A&... parts) {
 #define KLOAD_LIVE_CHECK_VALUE TORCH_CHECK_VALUE
 #endif
 
-#define KLOAD_LIVE_HIDDEN __attribute__((visibility("hidden")))
-
 #pragma GCC visibility push(hidden)
 namespace kload::live {
 inline namespace KLOAD_LIVE_ABI {

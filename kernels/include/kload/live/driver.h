@@ -26,7 +26,7 @@ struct Driver {
   std::string error;
 };
 
-KLOAD_LIVE_HIDDEN inline const Driver& driver() {
+inline const Driver& driver() {
   static const Driver d = [] {
     Driver out{};
     void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
@@ -54,7 +54,7 @@ KLOAD_LIVE_HIDDEN inline const Driver& driver() {
   return d;
 }
 
-KLOAD_LIVE_HIDDEN inline void check(const Driver& d, int rc, const std::string& what) {
+inline void check(const Driver& d, int rc, const std::string& what) {
   if (rc == 0) return;
   const char *name = nullptr, *text = nullptr;
   d.error_name(rc, &name);
@@ -65,7 +65,7 @@ KLOAD_LIVE_HIDDEN inline void check(const Driver& d, int rc, const std::string& 
 // A CUkernel launches in the thread's current context, which must be the launch device's primary
 // context (torch's): it is checked at every launch (cuCtxGetCurrent, tens of nanoseconds) and set
 // when it is another or none (a thread that made no CUDA call yet, another library's context).
-KLOAD_LIVE_HIDDEN inline void ensure_context(const Driver& d, int device) {
+inline void ensure_context(const Driver& d, int device) {
   static std::atomic<void*> primary[64];
   KLOAD_LIVE_CHECK(device >= 0 && device < 64, "kload: CUDA device ", device, " is out of range");
   void* want = primary[device].load(std::memory_order_acquire);
