@@ -45,16 +45,11 @@
 #pragma once
 
 #include "launch.cuh"
+#include "ptx.cuh"
 
 namespace kload {
 namespace cuda {
 namespace gemm {
-
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-#define KLOAD_GEMM_SM80 1
-#else
-#define KLOAD_GEMM_SM80 0
-#endif
 
 constexpr int BM = 128, BN = 128, kThreads = 256, kStages = 3;
 constexpr int kWarpsM = 2, kWarpsN = 4;                              // 8 warps
@@ -95,89 +90,6 @@ constexpr int smem_bytes() {
   return kStages * static_cast<int>(sizeof(Stage<T, kBKContiguous>));
 }
 
-// -- PTX -------------------------------------------------------------------------
-
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// 16 bytes global -> shared, asynchronously; zeros when !valid (src-size 0 reads nothing)
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
-#if KLOAD_GEMM_SM80
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
-               "r"(valid ? 16 : 0));
-#endif
-}
-__device__ __forceinline__ void cp_async_commit() {
-#if KLOAD_GEMM_SM80
-  asm volatile("cp.async.commit_group;\n" ::);
-#endif
-}
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {  // all but the newest N groups have landed
-#if KLOAD_GEMM_SM80
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-#endif
-}
-
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
-#if KLOAD_GEMM_SM80
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_addr(p)));
-#endif
-}
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) {
-#if KLOAD_GEMM_SM80
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_addr(p)));
-#endif
-}
-
-// d += a b on one 16 x 8 tile
-template <typename T>
-__device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]);
-
-template <>
-__device__ __forceinline__ void mma<__nv_bfloat16>(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
-#if KLOAD_GEMM_SM80
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-#endif
-}
-template <>
-__device__ __forceinline__ void mma<__half>(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
-#if KLOAD_GEMM_SM80
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-#endif
-}
-template <>
-__device__ __forceinline__ void mma<float>(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
-#if KLOAD_GEMM_SM80
-  asm volatile(
-      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-#endif
-}
-
-__device__ __forceinline__ uint32_t to_tf32(float x) {  // round to nearest, ties away: cuBLAS's TF32 rounding
-  uint32_t r = 0;
-#if KLOAD_GEMM_SM80
-  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
-#endif
-  return r;
-}
-
 // -- fragments: one warp's A and B operands of one mma K step ----------------------
 // The mma layouts (PTX ISA, "Matrix fragments for mma.m16n8k16 / m16n8k8"), with
 // g = lane / 4 and t = lane % 4: A's thread holds rows g and g + 8, B's thread
@@ -187,15 +99,15 @@ __device__ __forceinline__ uint32_t to_tf32(float x) {  // round to nearest, tie
 template <typename T>
 __device__ __forceinline__ void load_a(uint32_t (&a)[4], const T* sa, int row_len, int m0, int kk, int lane) {
   // matrices: rows 0-7 / 8-15 (lanes 0-15) x k 0-7 / 8-15 (lanes 16-31)
-  ldmatrix_x4(a, sa + (m0 + (lane & 15)) * row_len + kk + (lane >> 4) * 8);
+  ptx::ldmatrix_x4(a, sa + (m0 + (lane & 15)) * row_len + kk + (lane >> 4) * 8);
 }
 __device__ __forceinline__ void load_a(uint32_t (&a)[4], const float* sa, int row_len, int m0, int kk, int lane) {
   const int g = lane >> 2, t = lane & 3;
   const float* p = sa + (m0 + g) * row_len + kk + t;
-  a[0] = to_tf32(p[0]);
-  a[1] = to_tf32(p[8 * row_len]);
-  a[2] = to_tf32(p[4]);
-  a[3] = to_tf32(p[8 * row_len + 4]);
+  a[0] = ptx::to_tf32(p[0]);
+  a[1] = ptx::to_tf32(p[8 * row_len]);
+  a[2] = ptx::to_tf32(p[4]);
+  a[3] = ptx::to_tf32(p[8 * row_len + 4]);
 }
 
 // B columns [n0, n0 + 16) (two mma tiles: b[0] and b[1]) x [kk, kk + kMmaK) of a stage
@@ -204,9 +116,9 @@ __device__ __forceinline__ void load_b(uint32_t (&b0)[2], uint32_t (&b1)[2], con
                                        int lane) {
   uint32_t r[4];
   if (kBKContiguous) {  // [n][k]: like A; matrices n 0-7 k 0-7, n 0-7 k 8-15, n 8-15 k 0-7, n 8-15 k 8-15
-    ldmatrix_x4(r, sb + (n0 + (lane & 7) + (lane >> 4) * 8) * row_len + kk + ((lane >> 3) & 1) * 8);
+    ptx::ldmatrix_x4(r, sb + (n0 + (lane & 7) + (lane >> 4) * 8) * row_len + kk + ((lane >> 3) & 1) * 8);
   } else {  // [k][n], transposed: k 0-7 n 0-7, k 8-15 n 0-7, k 0-7 n 8-15, k 8-15 n 8-15
-    ldmatrix_x4_trans(r, sb + (kk + (lane & 15)) * row_len + n0 + (lane >> 4) * 8);
+    ptx::ldmatrix_x4_trans(r, sb + (kk + (lane & 15)) * row_len + n0 + (lane >> 4) * 8);
   }
   b0[0] = r[0], b0[1] = r[1], b1[0] = r[2], b1[1] = r[3];
 }
@@ -219,11 +131,11 @@ __device__ __forceinline__ void load_b(uint32_t (&b0)[2], uint32_t (&b1)[2], con
   for (int h = 0; h < 2; ++h) {
     const int n = n0 + h * 8 + g;
     if (kBKContiguous) {
-      b[h][0] = to_tf32(sb[n * row_len + kk + t]);
-      b[h][1] = to_tf32(sb[n * row_len + kk + t + 4]);
+      b[h][0] = ptx::to_tf32(sb[n * row_len + kk + t]);
+      b[h][1] = ptx::to_tf32(sb[n * row_len + kk + t + 4]);
     } else {
-      b[h][0] = to_tf32(sb[(kk + t) * row_len + n]);
-      b[h][1] = to_tf32(sb[(kk + t + 4) * row_len + n]);
+      b[h][0] = ptx::to_tf32(sb[(kk + t) * row_len + n]);
+      b[h][1] = ptx::to_tf32(sb[(kk + t + 4) * row_len + n]);
     }
   }
 }
@@ -235,7 +147,7 @@ template <bool kAligned, typename T, typename Load>
 __device__ __forceinline__ void load_chunk(T* dst, const T* src, const T* any_valid, const Load& element) {
   constexpr int kVec = Traits<T>::kVec;
   if (kAligned) {
-    cp_async16(dst, src ? src : any_valid, src != nullptr);
+    ptx::cp_async16(dst, src ? src : any_valid, src != nullptr);
   } else {
     struct alignas(16) Chunk {
       T v[kVec];
@@ -318,15 +230,15 @@ __global__ void __launch_bounds__(kThreads) gemm_kernel(const Problem p) {
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {  // the pipeline's first kStages - 1 steps
     if (s < ktiles) load_stage(s, int64_t(s) * BK);
-    cp_async_commit();
+    ptx::cp_async_commit();
   }
 
   for (int64_t kt = 0; kt < ktiles; ++kt) {
-    cp_async_wait<kStages - 2>();  // step kt has landed (this thread's copies) ...
+    ptx::cp_async_wait<kStages - 2>();  // step kt has landed (this thread's copies) ...
     __syncthreads();               // ... and everyone's; and step kt - 1's buffer is free
     const int64_t next = kt + kStages - 1;
     if (next < ktiles) load_stage(static_cast<int>(next % kStages), next * BK);
-    cp_async_commit();  // (an empty group past the end keeps the count)
+    ptx::cp_async_commit();  // (an empty group past the end keeps the count)
 
     const S& s = stages[kt % kStages];
 #pragma unroll
@@ -340,10 +252,10 @@ __global__ void __launch_bounds__(kThreads) gemm_kernel(const Problem p) {
 #pragma unroll
       for (int i = 0; i < kFragsM; ++i)
 #pragma unroll
-        for (int j = 0; j < kFragsN; ++j) mma<T>(acc[i][j], af[i], bf[j]);
+        for (int j = 0; j < kFragsN; ++j) ptx::mma<T>(acc[i][j], af[i], bf[j]);
     }
   }
-  cp_async_wait<0>();
+  ptx::cp_async_wait<0>();
 
   // C: thread (g, t) of each 16 x 8 tile holds rows g, g + 8 and columns 2t, 2t + 1
   const int g = lane >> 2, t = lane & 3;

@@ -1,0 +1,90 @@
+"""The shipped CUDA kernels run, without a GPU, on the CPU emulator in tests/cuda_emu/:
+g++ compiles each kernels/<op>/<op>.cu with the PTX instructions (cp.async, ldmatrix,
+mma.sync) emulated from the PTX ISA's definitions, and a child process compares every
+launcher's results with torch's (tests/cuda_emu/check.py). This checks what a GPU run
+would find wrong in the index math (tiles, fragments, the cp.async pipeline, edges,
+tails, reductions) on every `make test`; the GPU's speed and its own rounding are
+benchmarks/gpu.sh's.
+
+Builds: one library of the four emulated .cu files (about 4 s of g++ on two cores),
+shared by the module; the planted-bug tests build one .cu each with a bug in it, so
+each needs its own build (about 2 s)."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kload.toolchain import find_cuda_home
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE / "cuda_emu"))
+import build as emu_build  # noqa: E402
+
+_home = find_cuda_home()
+CUDA_INCLUDE = Path(_home, "include") if _home else None
+pytestmark = pytest.mark.skipif(
+    shutil.which("g++") is None or CUDA_INCLUDE is None or not (CUDA_INCLUDE / "cuda_fp16.h").exists(),
+    reason="needs g++ and the CUDA toolkit's headers")
+OPS = ["vector_add", "matmul", "conv2d", "bias_gelu"]
+
+
+@pytest.fixture(scope="module")
+def emulated(tmp_path_factory) -> Path:
+    return emu_build.build(tmp_path_factory.mktemp("cuda_emu"), CUDA_INCLUDE)
+
+
+def check(lib: Path, *ops: str, cp_async: str = "late") -> subprocess.CompletedProcess:
+    env = {**os.environ, "KLOAD_EMU_CP_ASYNC": cp_async}
+    env.pop("KLOAD_KERNELS_IMPL", None)
+    return subprocess.run([sys.executable, str(HERE / "cuda_emu" / "check.py"), str(lib), *ops], env=env,
+                          capture_output=True, text=True, timeout=600)
+
+
+# late: a copy lands only at the cp.async.wait_group that must see it (a missing or short wait
+# reads the tile's old bytes); eager: it lands when issued (a missing __syncthreads lets one
+# warp overwrite a tile another still reads)
+@pytest.mark.parametrize("cp_async", ["late", "eager"])
+def test_shipped_cuda_kernels_match_torch_on_the_emulator(emulated, cp_async):
+    proc = check(emulated, cp_async=cp_async)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
+    assert [line.split(":")[0] for line in proc.stdout.splitlines()] == OPS, proc.stdout
+
+
+def planted(tmp_path: Path, op: str, path: str, old: str, new: str) -> Path:
+    def edit(out: Path) -> None:
+        f = out / path
+        text = f.read_text()
+        assert text.count(old) == 1, f"{old!r} is not in {path} once: update this test with the kernel"
+        f.write_text(text.replace(old, new))
+
+    return emu_build.build(tmp_path, CUDA_INCLUDE, ops=[op], edit=edit)
+
+
+def test_the_emulator_sees_a_wrong_fragment_layout(tmp_path):
+    # ldmatrix's matrices 2 and 3 (k 8-15) taken from lanes 8-15's rows instead of 16-31's
+    lib = planted(tmp_path, "matmul", "include/kload/cuda/gemm.cuh", "kk + (lane >> 4) * 8);",
+                  "kk + ((lane >> 3) & 1) * 8);")
+    proc = check(lib, "matmul")
+    assert proc.returncode != 0 and "MISMATCH matmul" in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+
+
+def test_the_emulator_sees_a_short_cp_async_wait(tmp_path):
+    # waiting for all but the newest 2 groups: the step computed has not landed yet
+    lib = planted(tmp_path, "matmul", "include/kload/cuda/gemm.cuh", "ptx::cp_async_wait<kStages - 2>();",
+                  "ptx::cp_async_wait<kStages - 1>();")
+    proc = check(lib, "matmul", cp_async="late")
+    assert proc.returncode != 0 and "MISMATCH matmul" in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+
+
+def test_the_emulator_sees_a_read_past_the_end(tmp_path):
+    # one 16-byte vector past the last: the page after the buffer is not readable
+    lib = planted(tmp_path, "vector_add", "vector_add/vector_add.cu",
+                  "for (; i < nvec; i += stride) vo[i] = add(va[i], vb[i]);",
+                  "for (; i <= nvec; i += stride) vo[i] = add(va[i], vb[i]);")
+    proc = check(lib, "vector_add")
+    assert proc.returncode == -11, (proc.returncode, proc.stdout, proc.stderr[-2000:])  # killed by SIGSEGV
