@@ -2,13 +2,14 @@
 
     from kload import kernels
     kernels.vector_add(a, b)
-    kernels.matmul(a, b)                                  # [M, K] @ [K, N]
-    kernels.matmul(a, b, torch.backends.cuda.matmul.allow_tf32)  # fp32 on TF32 tensor cores if allowed
+    kernels.matmul(a, b)                                  # [M, K] @ [K, N]; fp32 follows torch's TF32 setting
     kernels.conv2d(x, w, bias=None, stride=1, padding=0)  # NCHW, as F.conv2d
     kernels.bias_gelu(x, bias)                            # F.gelu(x + bias), fused, with backward
 
-Each name *is* the dispatcher op (``torch.ops.<namespace>.<op>``), so opcheck,
-autograd and torch.compile see an ordinary PyTorch operator.
+vector_add, conv2d and bias_gelu *are* their dispatcher ops (``torch.ops.<namespace>.<op>``),
+so opcheck, autograd and torch.compile see an ordinary PyTorch operator. matmul is a
+function over its op that fills in allow_tf32 from torch's setting, which the op (on the
+stable ABI) cannot read; ``kernels.op(name)`` is any kernel's op.
 """
 from __future__ import annotations
 
@@ -122,12 +123,38 @@ _AUTOGRAD = {
 }
 
 
+_ops: dict[str, object] = {}
+
+
+def op(name: str):
+    """The dispatcher op of one shipped kernel, ``torch.ops.<namespace>.<name>`` (built and
+    loaded on first use): what opcheck and torch.library take."""
+    found = _ops.get(name)
+    if found is None:
+        if name not in _AUTOGRAD:
+            raise AttributeError(f"kload.kernels has no kernel {name!r}; it has: {', '.join(__all__)}")
+        found = _ops[name] = getattr(handle(name), name)
+    return found
+
+
+def matmul(a: torch.Tensor, b: torch.Tensor, allow_tf32: bool | None = None) -> torch.Tensor:
+    """a @ b for 2-D a [M, K] and b [K, N], through kload's matmul op.
+
+    Args:
+        allow_tf32: whether float32 may run on a GPU's TF32 tensor cores (10-bit mantissa
+            inputs, fp32 sums). None: torch's setting, ``torch.backends.cuda.matmul.allow_tf32``
+            (set by ``torch.set_float32_matmul_precision("high")``), read at each call, as
+            ``torch.matmul`` does. The CPU ignores it.
+    """
+    if allow_tf32 is None:
+        allow_tf32 = torch.backends.cuda.matmul.allow_tf32
+    return (_ops.get("matmul") or op("matmul"))(a, b, allow_tf32)
+
+
 def __getattr__(name: str):
-    if name in _AUTOGRAD:
-        op = getattr(handle(name), name)
-        globals()[name] = op  # later lookups skip this function
-        return op
-    raise AttributeError(f"kload.kernels has no kernel {name!r}; it has: {', '.join(__all__)}")
+    found = op(name)
+    globals()[name] = found  # later lookups skip this function
+    return found
 
 
 def __dir__():

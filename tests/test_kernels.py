@@ -215,7 +215,7 @@ SAMPLES = {
 
 @pytest.mark.parametrize("name", sorted(SAMPLES))
 def test_opcheck(name):
-    op = getattr(kernels, name)
+    op = kernels.op(name)
     for args in SAMPLES[name]():
         torch.library.opcheck(op, args)
 
@@ -225,6 +225,32 @@ def test_gradcheck_float64(name):
     op = getattr(kernels, name)
     for args in SAMPLES[name]():
         assert torch.autograd.gradcheck(lambda *a: op(*a), args, eps=1e-6, atol=1e-5)
+
+
+def test_matmul_follows_torchs_tf32_setting():
+    # the op cannot read torch's flag (stable ABI): kernels.matmul passes it, read at each call
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Seen(TorchDispatchMode):
+        flags: list = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if "matmul" in str(func):
+                # (an argument equal to the schema's default, False, arrives omitted)
+                self.flags.append(args[2] if len(args) > 2 else (kwargs or {}).get("allow_tf32", False))
+            return func(*args, **(kwargs or {}))
+
+    a = torch.randn(4, 3)
+    saved = torch.backends.cuda.matmul.allow_tf32
+    try:
+        with Seen():
+            for setting in (True, False):
+                torch.backends.cuda.matmul.allow_tf32 = setting
+                kernels.matmul(a, a.t())
+            kernels.matmul(a, a.t(), True)  # an explicit value wins over the setting
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = saved
+    assert Seen.flags == [True, False, True]
 
 
 def test_torch_compile_fullgraph_has_no_graph_break():

@@ -117,7 +117,7 @@ def test_gradcheck_and_opcheck_cuda(name):
         "conv2d": lambda: (torch.randn(2, 2, 5, 5, **kw), torch.randn(3, 2, 3, 3, **kw), torch.randn(3, **kw), 1, 1),
         "bias_gelu": lambda: (torch.randn(4, 6, **kw), torch.randn(6, **kw)),
     }[name]()
-    op = getattr(kernels, name)
+    op = kernels.op(name)
     torch.library.opcheck(op, args)
     assert torch.autograd.gradcheck(lambda *a: op(*a), args, eps=1e-6, atol=1e-5)
 
@@ -227,6 +227,14 @@ def test_matmul_tf32_flag_is_what_changes_fp32():
     assert exact < 1e-3 and tf32 < 0.5, (exact, tf32)
     if torch.cuda.get_device_capability() >= (8, 0):
         assert tf32 > exact  # the TF32 tensor cores did run
+    saved = torch.backends.cuda.matmul.allow_tf32
+    try:  # no argument: torch's setting
+        torch.backends.cuda.matmul.allow_tf32 = True
+        assert torch.equal(kernels.matmul(a, b), kernels.matmul(a, b, True))
+        torch.backends.cuda.matmul.allow_tf32 = False
+        assert torch.equal(kernels.matmul(a, b), kernels.matmul(a, b, False))
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = saved
 
 
 def test_matmul_grad_passes_the_tf32_flag():
@@ -353,5 +361,5 @@ def test_bias_gelu_empty_rows_give_zero_grad_bias():
 def test_matmul_allow_tf32_argument_passes_opcheck():
     a = torch.randn(33, 40, device="cuda", requires_grad=True)
     b = torch.randn(40, 17, device="cuda", requires_grad=True)
-    torch.library.opcheck(kernels.matmul, (a, b, True))
-    torch.library.opcheck(kernels.matmul, (a.detach().half(), b.detach().half(), False))
+    torch.library.opcheck(kernels.op("matmul"), (a, b, True))
+    torch.library.opcheck(kernels.op("matmul"), (a.detach().half(), b.detach().half(), False))

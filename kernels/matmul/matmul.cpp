@@ -6,8 +6,8 @@
 // CUDA: the kernels are in matmul.cu (no torch header); the glue is at the end.
 // allow_tf32 lets float32 run on TF32 tensor cores on a GPU (the CPU ignores it):
 // torch.backends.cuda.matmul.allow_tf32 is a flag of torch's C++ context, which
-// the stable ABI cannot read, so the caller passes it (False: exact fp32, torch's
-// default).
+// the stable ABI cannot read, so the caller passes it; kernels.matmul (Python)
+// passes torch's setting.
 #include <kload/stable.h>
 #include "matmul.h"
 #include <kload/cpu/gemm.h>

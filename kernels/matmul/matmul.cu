@@ -6,8 +6,8 @@
 //   - half / bfloat16 on sm_80+: tensor cores, kload/cuda/gemm.cuh (128 x 128 x 32
 //     tiles, 8 warps, mma.sync m16n8k16 fed by ldmatrix, a 3-stage cp.async
 //     pipeline), fp32 accumulation, rounded to T once at the end;
-//   - float32 with allow_tf32 (torch.backends.cuda.matmul.allow_tf32, passed by the
-//     caller) on sm_80+: the same tiles in TF32 (m16n8k8, 128 x 128 x 16);
+//   - float32 with allow_tf32 (torch.backends.cuda.matmul.allow_tf32, which
+//     kernels.matmul passes) on sm_80+: the same tiles in TF32 (m16n8k8, 128 x 128 x 16);
 //   - float32 otherwise: sgemm_kernel below, on the CUDA cores: 128 x 128 x 8
 //     block tiles, 8 x 8 outputs per thread in registers, A and B staged in shared
 //     memory twice (the next step's loads fly while this one computes);
