@@ -38,6 +38,22 @@ def local_closure(path: Path) -> list[Path]:
     return seen
 
 
+def resource_usage(ptxas: str) -> dict[tuple[str, str], dict]:
+    """{(arch, kernel): {"registers": n, "spill": bytes stored + loaded}} from nvcc --resource-usage."""
+    usage, arch, kernel = {}, None, None
+    for line in ptxas.splitlines():
+        if m := re.search(r"Compiling entry function '(\w+)' for '(sm_\d+)'", line):
+            kernel, arch = m[1], m[2]
+        elif m := re.search(r"Function properties for (\w+)", line):
+            kernel = m[1]
+        elif kernel and (m := re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", line)):
+            usage.setdefault((arch, kernel), {})["spill"] = int(m[1]) + int(m[2])
+        elif kernel and (m := re.search(r"Used (\d+) registers", line)):
+            usage.setdefault((arch, kernel), {}).setdefault("spill", 0)
+            usage[(arch, kernel)]["registers"] = int(m[1])
+    return usage
+
+
 def test_there_is_a_cuda_source_per_op():
     from kload import kernels
 
@@ -61,11 +77,21 @@ def test_cuda_source_compiles_with_nvcc(source, tmp_path):
     # Ampere and Hopper in one call (the tensor-core kernels need sm_80's cp.async, ldmatrix
     # and bf16/tf32 mma; an older target would compile them empty)
     flags = ["-std=c++17", "-c", str(source), "-o", str(tmp_path / "out.o"), f"-I{include_dir()}",
-             "--compiler-options", "-fPIC", *ARCH_FLAGS, *COMMON_NVCC_FLAGS]
+             "--compiler-options", "-fPIC", "--resource-usage", *ARCH_FLAGS, *COMMON_NVCC_FLAGS]
     proc = subprocess.run(["nvcc", *flags], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     warnings = [line for line in proc.stderr.splitlines() if "warning #" in line]  # the source's, not nvcc's own
     assert not warnings, "\n".join(warnings[:20])
+    # ptxas's resource usage, per kernel and architecture: no kernel spills registers to local
+    # memory (a spilling GEMM loses much of its speed), and the aligned tensor-core GEMM fits in
+    # 128 registers per thread, so two of its 256-thread blocks share an SM (docs/kernels.md)
+    usage = resource_usage(proc.stderr)
+    assert usage, proc.stderr[-2000:]
+    spilling = {k: u for k, u in usage.items() if u["spill"]}
+    assert not spilling, spilling
+    for (arch, kernel), u in usage.items():
+        if "gemm_kernel" in kernel and kernel.endswith("Lb1EEEvT_"):  # gemm_kernel<Problem, true>
+            assert u["registers"] <= 128, (arch, kernel, u)
     assert (tmp_path / "out.o").stat().st_size > 0
     # the launchers the .cpp glue declares are defined, extern "C"
     glue = (source.with_suffix(".cpp")).read_text()
