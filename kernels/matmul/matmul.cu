@@ -4,7 +4,7 @@
 //
 // Which kernel (KLOAD_KERNELS_IMPL unset or "fast"):
 //   - half / bfloat16 on sm_80+: tensor cores, kload/cuda/gemm.cuh (128 x 128 x 32
-//     tiles, 8 warps, mma.sync m16n8k16 fed by ldmatrix, a 3-stage cp.async
+//     tiles, 4 warps of 64 x 64, mma.sync m16n8k16 fed by ldmatrix, a 4-stage cp.async
 //     pipeline), fp32 accumulation, rounded to T once at the end;
 //   - float32 with allow_tf32 (torch.backends.cuda.matmul.allow_tf32, which
 //     kernels.matmul passes) on sm_80+: the same tiles in TF32 (m16n8k8, 128 x 128 x 16);

@@ -138,10 +138,11 @@ def matmul_case(k: Kernels, m: int, kk: int, n: int, dtype, tf32: bool = False, 
 def check_matmul(k: Kernels) -> None:
     for dtype in (torch.bfloat16, torch.float16):  # tensor cores
         # K and N multiples of 8: cp.async tile copies; else element-wise tile loads
-        for m, kk, n in [(128, 64, 128), (200, 72, 136), (1, 8, 8), (33, 40, 257), (70, 33, 19)]:
+        # (K = 264: 9 steps of 32, the ring of stages goes round twice)
+        for m, kk, n in [(128, 64, 128), (200, 72, 136), (64, 264, 72), (1, 8, 8), (33, 40, 257), (70, 33, 19)]:
             matmul_case(k, m, kk, n, dtype, mma=True, copies=kk % 8 == 0 and n % 8 == 0)
         matmul_case(k, 64, 40, 24, dtype, offset=1, mma=True, copies=False)  # misaligned pointers
-    for m, kk, n in [(130, 36, 72), (17, 9, 5)]:  # TF32 tensor cores, aligned and not
+    for m, kk, n in [(130, 36, 72), (40, 100, 24), (17, 9, 5)]:  # TF32 tensor cores, aligned and not
         matmul_case(k, m, kk, n, torch.float32, tf32=True, mma=True, copies=kk % 4 == 0 and n % 4 == 0)
     for m, kk, n in [(130, 24, 132), (33, 17, 5)]:  # fp32 on the CUDA cores, aligned and not
         matmul_case(k, m, kk, n, torch.float32, mma=False, copies=False)

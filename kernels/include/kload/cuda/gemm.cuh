@@ -4,13 +4,15 @@
 // The design is the usual one for Ampere and Hopper's mma.sync (CUTLASS's sm80
 // "multistage" GEMM, without its abstractions):
 //
-//   - a block of 256 threads (8 warps) computes a 128 x 128 tile of C; each warp a
-//     64 x 32 piece of it (the warps as 2 x 4), as 4 x 4 mma tiles of 16 x 8, in
-//     64 fp32 registers per thread;
+//   - a block of 128 threads (4 warps) computes a 128 x 128 tile of C; each warp a
+//     64 x 64 piece of it (the warps as 2 x 2), as 4 x 8 mma tiles of 16 x 8, in
+//     128 fp32 registers per thread (CUTLASS's 128x128_32x4 tile for sm80: a 64 x 64
+//     warp tile reads 8 fragments from shared memory per 32 mma, where 64 x 32 reads
+//     6 per 16, so shared memory's bandwidth keeps up with the tensor cores);
 //   - K advances BK at a time (32 for half/bfloat16, 16 for fp32 as TF32): 16 KB
 //     of A and B per step, copied global -> shared with cp.async, 16 bytes per
-//     instruction, kStages = 3 steps in flight (the copy of step k+2 overlaps the
-//     math of step k; "double buffering" with one more buffer);
+//     instruction, kStages = 4 steps in flight (the copies of steps k+1 .. k+3
+//     overlap the math of step k; "double buffering" with two more buffers);
 //   - half/bfloat16 fragments come out of shared memory with ldmatrix (4 8x8
 //     matrices per instruction; .trans for B, which is stored k-major), and go to
 //     mma.sync.m16n8k16; fp32 is rounded to TF32 (cvt.rna, as cuBLAS does) and goes
@@ -51,10 +53,10 @@ namespace kload {
 namespace cuda {
 namespace gemm {
 
-constexpr int BM = 128, BN = 128, kThreads = 256, kStages = 3;
-constexpr int kWarpsM = 2, kWarpsN = 4;                              // 8 warps
-constexpr int WM = BM / kWarpsM, WN = BN / kWarpsN;                  // 64 x 32 per warp
-constexpr int kFragsM = WM / 16, kFragsN = WN / 8;                   // 4 x 4 mma tiles per warp
+constexpr int BM = 128, BN = 128, kStages = 4;
+constexpr int kWarpsM = 2, kWarpsN = 2, kThreads = 32 * kWarpsM * kWarpsN;  // 4 warps
+constexpr int WM = BM / kWarpsM, WN = BN / kWarpsN;                  // 64 x 64 per warp
+constexpr int kFragsM = WM / 16, kFragsN = WN / 8;                   // 4 x 8 mma tiles per warp
 
 // Per element type: the K step of one block iteration and of one mma, and the
 // shared-memory row padding.
@@ -186,24 +188,30 @@ __global__ void __launch_bounds__(kThreads) gemm_kernel(const Problem p) {
   const int64_t m_base = bm * BM, n_base = bn * BN;
   const T* any_valid = p.any();  // a readable address for the zero-filling copies (which read nothing)
 
-  // Each thread copies 2 chunks of A and 2 of B per stage (512 of each): of A, rows
-  // tid / 4 and tid / 4 + 64 of the tile, k offset (tid % 4) * kVec, every stage.
+  // Each thread copies kPassesA chunks of A and kPassesB of B per stage (4 and 4: 512
+  // of each): of A, rows tid / 4 + 32 i of the tile at k offset (tid % 4) * kVec, the
+  // same rows every stage (their Row, worked out once); of B, chunks tid + 128 i.
   constexpr int kChunksPerRowA = BK / kVec;                                  // 4
   constexpr int kChunksPerRowB = kBK ? BK / kVec : BN / kVec;                // 4, or 16 / 32
-  static_assert(kChunksPerRowA == 4 && kThreads % kChunksPerRowA == 0, "A's chunks: 2 rows per thread");
-  const typename Problem::Row a_rows[2] = {p.a_row(m_base + tid / 4), p.a_row(m_base + tid / 4 + 64)};
+  constexpr int kRowsPerPassA = kThreads / kChunksPerRowA, kPassesA = BM / kRowsPerPassA;
+  constexpr int kPassesB = (kBK ? BN : BK) * kChunksPerRowB / kThreads;
+  static_assert(kChunksPerRowA == 4 && BM % kRowsPerPassA == 0, "A's chunks: whole rows per pass");
+  static_assert(kPassesB * kThreads == (kBK ? BN : BK) * kChunksPerRowB, "B's chunks: whole passes");
+  typename Problem::Row a_rows[kPassesA];
+#pragma unroll
+  for (int i = 0; i < kPassesA; ++i) a_rows[i] = p.a_row(m_base + tid / kChunksPerRowA + i * kRowsPerPassA);
   auto load_stage = [&](int stage, int64_t k0) {
     S& s = stages[stage];
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const int r = tid / 4 + i * 64, kc = (tid % 4) * kVec;
+    for (int i = 0; i < kPassesA; ++i) {
+      const int r = tid / kChunksPerRowA + i * kRowsPerPassA, kc = (tid % kChunksPerRowA) * kVec;
       const int64_t k = k0 + kc;
       const typename Problem::Row& row = a_rows[i];
       load_chunk<kAligned>(&s.a[r * S::kARow + kc], kAligned ? p.a_chunk(row, k) : nullptr, any_valid,
                            [&](int e) { return p.a_at(row, k + e); });
     }
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
+    for (int i = 0; i < kPassesB; ++i) {
       const int c = tid + i * kThreads;
       const int r = c / kChunksPerRowB, cc = (c % kChunksPerRowB) * kVec;
       if (kBK) {  // row r is n, chunk cc is k
