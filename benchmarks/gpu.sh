@@ -2,7 +2,7 @@
 # Everything kload checks on a GPU machine, in one go, with the image's own settings
 # (CXX, CUDAHOSTCXX, CUDA_HOME, LIBRARY_PATH untouched; no registry needed):
 #
-#   bash benchmarks/gpu.sh            # ~5 minutes on one H200
+#   bash benchmarks/gpu.sh            # ~5-6 minutes on one H200 (not yet run on one: an estimate)
 #
 # Each part runs whatever happened before it; the last line is the summary, PASS or
 # FAIL per part, and the exit status is 1 when a part failed. Run it from the repo;
@@ -59,6 +59,7 @@ case " $MISSING " in *" hypothesis "*) ;; *) TESTS="$TESTS tests/test_kernels.py
 part cuda-tests $PYTEST $TESTS "${DESELECT[@]}"
 part tutorial-cu $PY benchmarks/tutorial_gpu.py
 part benchmark $PY benchmarks/gpu.py --out "$OUT"
+part gemm-shapes $PY benchmarks/gemm_shapes.py
 part nvrtc-benchmark $PY benchmarks/nvrtc.py --repeat 9
 
 echo

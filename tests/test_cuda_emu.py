@@ -7,8 +7,9 @@ tails, reductions) on every `make test`; the GPU's speed and its own rounding ar
 benchmarks/gpu.sh's.
 
 Builds: one library of the four emulated .cu files (about 4 s of g++ on two cores),
-shared by the module; the planted-bug tests build one .cu each with a bug in it, so
-each needs its own build (about 2 s)."""
+shared by the module; the planted-bug tests build one .cu each with a bug in it, and
+the other tile shape builds matmul and conv2d with other constants, so each needs its
+own build (about 2-4 s)."""
 from __future__ import annotations
 
 import os
@@ -53,6 +54,15 @@ def test_shipped_cuda_kernels_match_torch_on_the_emulator(emulated, cp_async):
     proc = check(emulated, cp_async=cp_async)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
     assert [line.split(":")[0] for line in proc.stdout.splitlines()] == OPS, proc.stdout
+
+
+def test_the_gemms_other_tile_shape_matches_torch_on_the_emulator(tmp_path):
+    # benchmarks/gemm_shapes.py times the first version's shape (8 warps of 64 x 32, 3 stages) beside
+    # the default: the same code with other constants, built on its own to be checked too
+    lib = emu_build.build(tmp_path, CUDA_INCLUDE, ops=["matmul", "conv2d"],
+                          defines=["-DKLOAD_GEMM_WARPS_N=4", "-DKLOAD_GEMM_STAGES=3"])
+    proc = check(lib, "matmul", "conv2d")
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
 
 
 def planted(tmp_path: Path, op: str, path: str, old: str, new: str) -> Path:

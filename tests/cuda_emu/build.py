@@ -56,16 +56,17 @@ def copy_sources(out: Path, ops: list[str] | None = None) -> list[Path]:
     return units
 
 
-def build(out: Path, cuda_include: Path, *, ops: list[str] | None = None,
+def build(out: Path, cuda_include: Path, *, ops: list[str] | None = None, defines: list[str] = (),
           edit: Callable[[Path], None] | None = None, opt: str = "-O1") -> Path:
     """The emulator library of the shipped .cu files (of `ops`, or all), built under out, two
-    compilers at a time. edit(out), if given, may change the copied sources first (a test
-    that plants a bug to see it caught)."""
+    compilers at a time, with `defines` (-DNAME=VALUE: e.g. kload/cuda/gemm.cuh's tile knobs).
+    edit(out), if given, may change the copied sources first (a test that plants a bug to see
+    it caught)."""
     units = copy_sources(out, ops)
     if edit is not None:
         edit(out)
     common = ["g++", "-std=c++17", opt, "-fPIC", "-g0", f"-I{out / 'include'}", f"-I{cuda_include}", f"-I{HERE}",
-              *NO_CONVERSIONS]
+              *NO_CONVERSIONS, *defines]
     jobs, objects = [], []
     for src in [*units, HERE / "runtime.cpp"]:
         obj = out / f"{src.stem}.o"

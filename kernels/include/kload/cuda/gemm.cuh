@@ -53,9 +53,19 @@ namespace kload {
 namespace cuda {
 namespace gemm {
 
-constexpr int BM = 128, BN = 128, kStages = 4;
-constexpr int kWarpsM = 2, kWarpsN = 2, kThreads = 32 * kWarpsM * kWarpsN;  // 4 warps
-constexpr int WM = BM / kWarpsM, WN = BN / kWarpsN;                  // 64 x 64 per warp
+// The block tile's shape: 2 x KLOAD_GEMM_WARPS_N warps (2: 64 x 64 each, the default; 4: 64 x 32,
+// this kernel's first version) and KLOAD_GEMM_STAGES stages (4; 3 or more). Compile-time knobs for
+// measuring other shapes (benchmarks/gemm_shapes.py builds the matmul with -D for each), not for users.
+#ifndef KLOAD_GEMM_WARPS_N
+#define KLOAD_GEMM_WARPS_N 2
+#endif
+#ifndef KLOAD_GEMM_STAGES
+#define KLOAD_GEMM_STAGES 4
+#endif
+constexpr int BM = 128, BN = 128, kStages = KLOAD_GEMM_STAGES;
+constexpr int kWarpsM = 2, kWarpsN = KLOAD_GEMM_WARPS_N, kThreads = 32 * kWarpsM * kWarpsN;
+constexpr int WM = BM / kWarpsM, WN = BN / kWarpsN;                  // 64 x 64 (or 64 x 32) per warp
+static_assert((kWarpsN == 2 || kWarpsN == 4) && kStages >= 3, "KLOAD_GEMM_WARPS_N: 2 or 4; KLOAD_GEMM_STAGES: >= 3");
 constexpr int kFragsM = WM / 16, kFragsN = WN / 8;                   // 4 x 8 mma tiles per warp
 
 // Per element type: the K step of one block iteration and of one mma, and the
@@ -188,9 +198,10 @@ __global__ void __launch_bounds__(kThreads) gemm_kernel(const Problem p) {
   const int64_t m_base = bm * BM, n_base = bn * BN;
   const T* any_valid = p.any();  // a readable address for the zero-filling copies (which read nothing)
 
-  // Each thread copies kPassesA chunks of A and kPassesB of B per stage (4 and 4: 512
-  // of each): of A, rows tid / 4 + 32 i of the tile at k offset (tid % 4) * kVec, the
-  // same rows every stage (their Row, worked out once); of B, chunks tid + 128 i.
+  // Each thread copies kPassesA chunks of A and kPassesB of B per stage (512 of each: 4
+  // and 4 with 128 threads): of A, rows tid / 4 + i * kThreads / 4 of the tile at k offset
+  // (tid % 4) * kVec, the same rows every stage (their Row, worked out once); of B,
+  // chunks tid + i * kThreads.
   constexpr int kChunksPerRowA = BK / kVec;                                  // 4
   constexpr int kChunksPerRowB = kBK ? BK / kVec : BN / kVec;                // 4, or 16 / 32
   constexpr int kRowsPerPassA = kThreads / kChunksPerRowA, kPassesA = BM / kRowsPerPassA;
