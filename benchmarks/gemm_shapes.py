@@ -5,8 +5,9 @@ with -DKLOAD_GEMM_WARPS_N / -DKLOAD_GEMM_STAGES, each built as its own matmul li
 
     python benchmarks/gemm_shapes.py [--quick]
 
-Per shape and size: the median of CUDA-event timings, torch and the shape alternating
-in rounds, TFLOP/s, the ratio to torch, and a check of the result against torch's.
+Per shape and size: the median over rounds of CUDA-event timings (3 or 50 calls in a row
+between two events), torch and each shape alternating, TFLOP/s, the ratio to torch, and
+a check of the result against torch's.
 The fastest shape per size is marked: the one to ship, if it is not the default.
 """
 from __future__ import annotations
@@ -40,13 +41,16 @@ def build(shape):
     return h.matmul
 
 
-def event_time(fn) -> float:
+def event_time(fn, calls: int) -> float:
+    """Seconds per call of `calls` calls in a row between two CUDA events (a 1024^3 matmul
+    takes microseconds: one call per event pair would time the events)."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
-    fn()
+    for _ in range(calls):
+        fn()
     end.record()
     end.synchronize()
-    return start.elapsed_time(end) / 1e3
+    return start.elapsed_time(end) / 1e3 / calls
 
 
 def main() -> int:
@@ -75,10 +79,11 @@ def main() -> int:
             except AssertionError as e:
                 print(f"WRONG: {label(s)} at {m}^3 {dtype}: {str(e).splitlines()[0]}")
                 failed = True
+        calls = 3 if m >= 4096 else 50
         for _ in range(rounds):
-            times["torch"].append(event_time(lambda: x @ y))
+            times["torch"].append(event_time(lambda: x @ y, calls))
             for s, op in ops.items():
-                times[s].append(event_time(lambda op=op: op(x, y, False)))
+                times[s].append(event_time(lambda op=op: op(x, y, False), calls))
         med = {s: sorted(t)[len(t) // 2] for s, t in times.items()}
         best = min(SHAPES, key=lambda s: med[s])
         print(f"\nmatmul {m}^3 {str(dtype)[6:]}: torch {med['torch'] * 1e3:.3f} ms, "

@@ -142,13 +142,23 @@ def matmul(a: torch.Tensor, b: torch.Tensor, allow_tf32: bool | None = None) -> 
 
     Args:
         allow_tf32: whether float32 may run on a GPU's TF32 tensor cores (10-bit mantissa
-            inputs, fp32 sums). None: torch's setting, ``torch.backends.cuda.matmul.allow_tf32``
-            (set by ``torch.set_float32_matmul_precision("high")``), read at each call, as
-            ``torch.matmul`` does. The CPU ignores it.
+            inputs, fp32 sums). None: torch's setting, read at each call as ``torch.matmul``
+            does (``torch.backends.cuda.matmul.allow_tf32``, which
+            ``torch.set_float32_matmul_precision("high")`` sets, or the newer
+            ``fp32_precision = "tf32"``). The CPU ignores it.
     """
     if allow_tf32 is None:
-        allow_tf32 = torch.backends.cuda.matmul.allow_tf32
-    return (_ops.get("matmul") or op("matmul"))(a, b, allow_tf32)
+        allow_tf32 = _tf32_allowed()
+    return op("matmul")(a, b, allow_tf32)
+
+
+def _tf32_allowed() -> bool:
+    """Whether torch lets its own float32 matmuls use TF32 on a GPU."""
+    cuda_matmul = torch.backends.cuda.matmul
+    try:
+        return bool(cuda_matmul.allow_tf32)
+    except RuntimeError:  # torch >= 2.9 set through fp32_precision: the legacy flag refuses to answer
+        return cuda_matmul.fp32_precision == "tf32"
 
 
 def __getattr__(name: str):

@@ -253,6 +253,35 @@ def test_matmul_follows_torchs_tf32_setting():
     assert Seen.flags == [True, False, True]
 
 
+def test_matmul_follows_torchs_newer_tf32_setting_too():
+    # torch >= 2.9's fp32_precision: once set, reading the legacy flag raises, for the rest of the
+    # process (so a fresh one)
+    if not hasattr(torch.backends, "fp32_precision"):
+        pytest.skip(f"torch {torch.__version__} has no fp32_precision")
+    out = run_py("""
+        import json, torch
+        from torch.utils._python_dispatch import TorchDispatchMode
+        from kload import kernels
+
+        seen = []
+
+        class Seen(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                if "matmul" in str(func):
+                    seen.append(args[2] if len(args) > 2 else False)
+                return func(*args, **(kwargs or {}))
+
+        a = torch.randn(4, 3)
+        with Seen():
+            torch.backends.fp32_precision = "tf32"
+            kernels.matmul(a, a.t())
+            torch.backends.cuda.matmul.fp32_precision = "ieee"
+            kernels.matmul(a, a.t())
+        print(json.dumps({"seen": seen}))
+    """)
+    assert out["seen"] == [True, False]
+
+
 def test_torch_compile_fullgraph_has_no_graph_break():
     def f(x, w, bias, a, b):
         y = kernels.conv2d(x, w, bias, 1, 1)

@@ -1,8 +1,9 @@
 """Builds the shipped CUDA kernels for the CPU emulator (emu.h): a copy of each
 kernels/<op>/<op>.cu and of kload/cuda/'s headers, rewritten where g++ cannot read
-CUDA (kernel<<<...>>>(...) launches, extern __shared__) and with the launchers exported, with kload/cuda/ptx.cuh
-replaced by the emulated instructions; compiled by g++ into one shared library whose
-launchers (kload_<op>_cuda, ...) take host pointers."""
+CUDA (kernel<<<...>>>(...) launches; __shared__ and extern __shared__ declarations,
+which become the emulator's poisoned shared memory), with the launchers exported and
+kload/cuda/ptx.cuh replaced by the emulated instructions; compiled by g++ into one
+shared library whose launchers (kload_<op>_cuda, ...) take host pointers."""
 from __future__ import annotations
 
 import re
@@ -19,6 +20,8 @@ KERNELS = ROOT / "kernels"
 LAUNCH = re.compile(r"([\w:]+(?:<[^<>;()]*>)?)\s*<<<(.+?)>>>", re.S)
 # extern __shared__ [__align__(n)] T name[];  ->  T* name = (T*)::kload_emu::dynamic_shared();
 EXTERN_SHARED = re.compile(r"extern\s+__shared__\s+(?:__align__\(\d+\)\s+)?([\w ]+?)\s+(\w+)\[\];")
+# __shared__ [__align__(n)] T name[dims];  ->  T (&name)[dims] = ::kload_emu::static_shared<T[dims], site>();
+SHARED = re.compile(r"__shared__\s+(?:__align__\(\d+\)\s+)?((?:[\w:]+\s+)*?[\w:]+)\s+(\w+)((?:\[[^\]\n]+\])*)\s*;")
 # what torch passes nvcc (COMMON_NVCC_FLAGS): no implicit half / bfloat16 conversions in the kernels
 NO_CONVERSIONS = ["-D__CUDA_NO_HALF_OPERATORS__", "-D__CUDA_NO_HALF_CONVERSIONS__",
                   "-D__CUDA_NO_BFLOAT16_CONVERSIONS__", "-D__CUDA_NO_HALF2_OPERATORS__"]
@@ -31,8 +34,10 @@ HIDDEN_LAUNCHER = '#define KLOAD_LAUNCHER extern "C" __attribute__((visibility("
 def rewrite(text: str) -> str:
     text = text.replace(HIDDEN_LAUNCHER, '#define KLOAD_LAUNCHER extern "C"')
     text = LAUNCH.sub(lambda m: f"::kload_emu::launch({m[1]}, {m[2]})", text)
-    return EXTERN_SHARED.sub(lambda m: f"{m[1]}* {m[2]} = reinterpret_cast<{m[1]}*>(::kload_emu::dynamic_shared());",
+    text = EXTERN_SHARED.sub(lambda m: f"{m[1]}* {m[2]} = reinterpret_cast<{m[1]}*>(::kload_emu::dynamic_shared());",
                              text)
+    return SHARED.sub(lambda m: f"{m[1]} (&{m[2]}){m[3]} = ::kload_emu::static_shared<{m[1]}{m[3]}, __COUNTER__>();",
+                      text)
 
 
 def copy_sources(out: Path, ops: list[str] | None = None) -> list[Path]:

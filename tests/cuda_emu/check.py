@@ -132,6 +132,10 @@ def matmul_case(k: Kernels, m: int, kk: int, n: int, dtype, tf32: bool = False, 
     tol = 5e-3 if tf32 else TOL[dtype]
     case = f"matmul {m}x{kk}x{n} {dtype}{' tf32' if tf32 else ''} offset={offset}"
     close(out, a.double() @ b.double(), tol, tol * max(1.0, kk ** 0.5), case)
+    if mma:  # the tile shape built (gemm.cuh's KLOAD_GEMM_WARPS_N): 64 threads per warp along N
+        want_threads = 64 * int(os.environ.get("KLOAD_EMU_GEMM_WARPS_N", "2"))
+        if k.ran("threads") != want_threads * k.ran("blocks"):
+            sys.exit(f"{case}: {k.ran('threads')} threads in {k.ran('blocks')} blocks, not {want_threads} a block")
     k.expect(case, **{MMA.get(dtype, "mma"): mma, "cp.async": copies})
 
 
@@ -235,8 +239,8 @@ def main() -> None:
     for op in ops:
         t0 = time.perf_counter()
         CHECKS[op](k)
-        print(f"{op}: ok ({time.perf_counter() - t0:.1f} s, cp.async {os.environ.get('KLOAD_EMU_CP_ASYNC', 'late')})",
-              flush=True)
+        print(f"{op}: ok ({time.perf_counter() - t0:.1f} s, cp.async {os.environ.get('KLOAD_EMU_CP_ASYNC', 'late')}, "
+              f"order {os.environ.get('KLOAD_EMU_ORDER', 'lockstep')})", flush=True)
 
 
 if __name__ == "__main__":

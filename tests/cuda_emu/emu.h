@@ -15,14 +15,23 @@
 //
 // What it checks, as the GPU would fail (abort, with the block and thread):
 // launch configurations (the last error, as cudaGetLastError returns it),
-// dynamic shared memory over the opt-in limit, a warp whose lanes run different
-// warp-wide instructions, misaligned or out-of-shared-memory ldmatrix and cp.async
-// addresses, a deadlock. Dynamic shared memory starts each block as 0xFF bytes
-// (NaN in every float type), so a tile read before it was written shows.
-// cp.async copies land either when issued or only at the cp.async.wait_group that
-// must wait for them (KLOAD_EMU_CP_ASYNC=eager / late): a kernel must be right
-// under both. What it cannot check: timing, the memory model between blocks (they
-// run in turn), the hardware's rounding inside mma (fp32 sums here).
+// dynamic shared memory over 99 KB (the smallest opt-in limit of sm_80+ GPUs:
+// sm_86 and sm_89), a warp whose lanes run different warp-wide instructions,
+// misaligned or out-of-shared-memory ldmatrix and cp.async addresses, a
+// __syncthreads that not every thread of the block reaches, a deadlock. Shared
+// memory, static and dynamic, starts each block as 0xFF bytes (NaN in every float
+// type), so a tile read before it was written shows; dynamic shared memory ends
+// at an unreadable page. Two knobs vary what a kernel must be right under:
+//   KLOAD_EMU_CP_ASYNC=late (default) | eager: cp.async copies land only at the
+//     cp.async.wait_group that must wait for them (a wait too short reads old
+//     bytes), or when issued (a copy into a stage another warp still reads
+//     overwrites it at once);
+//   KLOAD_EMU_ORDER=lockstep (default) | warps | warps-reversed: the block's threads
+//     take turns one at a time, or each warp runs as far as it can (to the next
+//     __syncthreads) before the next warp, in order or from the last: a warp that
+//     runs ahead of the others, as real warps do, shows a missing barrier.
+// What it cannot check: timing, the memory model between blocks (they run in
+// turn), the hardware's rounding inside mma (fp32 sums here).
 #pragma once
 
 #define __launch_bounds__(...)
@@ -46,7 +55,7 @@
 #include <vector>
 
 #undef __shared__
-#define __shared__ static  // one block at a time: a static is the block's shared memory
+#define __shared__ static  // (build.py rewrites every __shared__ declaration: see static_shared)
 
 using std::max;  // CUDA's device min/max overloads
 using std::min;
@@ -61,16 +70,20 @@ namespace kload_emu {
 
 [[noreturn]] void fail(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 
+struct Copy {  // one cp.async: 16 bytes from src, or 16 zeros (src-size 0)
+  void* dst;
+  const void* src;
+  bool valid;
+};
+inline void land(const Copy& c) { c.valid ? (void)std::memcpy(c.dst, c.src, 16) : (void)std::memset(c.dst, 0, 16); }
+
 struct Thread {
   ucontext_t ctx;
   uint3 idx;
-  int linear = 0, warp = 0, lane = 0;
+  int warp = 0, lane = 0;
   bool done = false;
-  struct Copy {
-    void* dst;
-    const void* src;
-    bool valid;
-  };
+  bool at_barrier = false;  // waiting at __syncthreads for `waits_for` to pass
+  uint64_t waits_for = 0;
   std::vector<Copy> open;                 // cp.async copies since the last commit_group
   std::vector<std::vector<Copy>> groups;  // committed, not yet waited for (oldest first)
 };
@@ -87,6 +100,11 @@ struct Warp {
   Lane lane[32];
 };
 
+struct Arena {  // a static __shared__ variable's storage
+  unsigned char* p;
+  size_t bytes;
+};
+
 struct Runtime {
   dim3 grid, block;
   uint3 block_idx;
@@ -98,6 +116,7 @@ struct Runtime {
   ucontext_t scheduler;
   unsigned char* smem = nullptr;  // dynamic shared memory of the running block
   size_t smem_bytes = 0;
+  std::vector<Arena> arenas;      // every static __shared__ variable met so far
   bool eager_copies = false;
   const std::function<void()>* body = nullptr;
   std::map<std::string, uint64_t> counts;  // what ran: "blocks", "threads", "__syncthreads", each instruction
@@ -120,8 +139,13 @@ inline void fail(const char* fmt, ...) {
 
 inline void yield() { swapcontext(&rt.current->ctx, &rt.scheduler); }
 
+inline int block_threads() { return static_cast<int>(rt.block.x * rt.block.y * rt.block.z); }
+
 inline void syncthreads() {
   ++rt.counts["__syncthreads"];
+  if (rt.live != block_threads())
+    fail("__syncthreads after %d of the block's threads returned: every thread must reach each barrier",
+         block_threads() - rt.live);
   const uint64_t gen = rt.generation;
   ++rt.progress;
   if (++rt.arrived == rt.live) {
@@ -129,7 +153,10 @@ inline void syncthreads() {
     ++rt.generation;
     return;
   }
+  Thread& t = *rt.current;
+  t.at_barrier = true, t.waits_for = gen;
   while (rt.generation == gen) yield();
+  t.at_barrier = false;
 }
 
 // The warp's lanes each give `in`; the last to arrive runs compute(ins, outs) for all
@@ -163,129 +190,36 @@ Out warp_collective(const char* op, const In& in, F compute) {
   return out;
 }
 
-inline bool in_dynamic_shared(const void* p, size_t bytes) {
-  const auto* c = static_cast<const unsigned char*>(p);
-  return rt.smem && c >= rt.smem && c + bytes <= rt.smem + rt.smem_bytes;
+// -- shared memory -------------------------------------------------------------------
+// `__shared__ T name[dims];` is rewritten (build.py) to a reference to the storage of
+// static_shared<T[dims], site>(): one per declaration and type, poisoned (0xFF) when
+// first met and at the start of every block after.
+template <typename A, int kSite>
+A& static_shared() {
+  alignas(64) static A storage;
+  static const bool registered = [] {
+    std::memset(static_cast<void*>(&storage), 0xFF, sizeof(A));
+    rt.arenas.push_back({reinterpret_cast<unsigned char*>(&storage), sizeof(A)});
+    return true;
+  }();
+  (void)registered;
+  return storage;
 }
 
 inline void* dynamic_shared() { return rt.smem; }
 
-// -- the CUDA runtime's side -----------------------------------------------------------
-struct Device {
-  int sms = 4, cc = 90;
-  int max_dynamic_smem = 227 * 1024;  // sm_90's opt-in limit per block
-  cudaError_t last_error = cudaSuccess;
-  std::map<const void*, int> smem_opt_in;  // cudaFuncAttributeMaxDynamicSharedMemorySize per kernel
-};
-inline Device device;
-
-inline void set_error(cudaError_t e) {
-  if (device.last_error == cudaSuccess) device.last_error = e;
-}
-
-inline void thread_entry() {
-  (*rt.body)();
-  Thread& t = *rt.current;
-  t.done = true;
-  ++rt.progress;
-  t.groups.push_back(std::move(t.open));  // copies never waited for: the hardware lands them anyway
-  for (auto& g : t.groups)
-    for (auto& c : g) c.valid ? (void)std::memcpy(c.dst, c.src, 16) : (void)std::memset(c.dst, 0, 16);
-  if (--rt.live > 0 && rt.arrived == rt.live) {  // the others wait at __syncthreads for no one else
-    rt.arrived = 0;
-    ++rt.generation;
-  }
-}
-
-inline void run_block(size_t smem_bytes) {
-  const int n = static_cast<int>(rt.block.x * rt.block.y * rt.block.z);
-  constexpr size_t kStack = 256 * 1024;
-  static unsigned char* stacks = nullptr;
-  static int stack_count = 0;
-  if (stack_count < n) {
-    if (stacks) munmap(stacks, kStack * stack_count);
-    void* m = mmap(nullptr, kStack * n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (m == MAP_FAILED) fail("no memory for %d fiber stacks", n);
-    stacks = static_cast<unsigned char*>(m);
-    stack_count = n;
-  }
-  static std::vector<unsigned char> smem;
-  smem.assign(smem_bytes, 0xFF);
-  rt.smem = smem_bytes ? smem.data() : nullptr;
-  rt.smem_bytes = smem_bytes;
-  rt.threads.assign(n, Thread{});
-  rt.warps.assign((n + 31) / 32, Warp{});
-  for (int w = 0; w < static_cast<int>(rt.warps.size()); ++w) rt.warps[w].lanes = std::min(32, n - 32 * w);
-  rt.live = n;
-  rt.arrived = 0;
-  ++rt.counts["blocks"];
-  rt.counts["threads"] += n;
-  for (int i = 0; i < n; ++i) {
-    Thread& t = rt.threads[i];
-    t.linear = i, t.warp = i / 32, t.lane = i % 32;
-    t.idx = make_uint3(i % rt.block.x, (i / rt.block.x) % rt.block.y, i / (rt.block.x * rt.block.y));
-    getcontext(&t.ctx);
-    t.ctx.uc_stack.ss_sp = stacks + kStack * i;
-    t.ctx.uc_stack.ss_size = kStack;
-    t.ctx.uc_link = &rt.scheduler;
-    makecontext(&t.ctx, thread_entry, 0);
-  }
-  int running = n;
-  while (running > 0) {
-    const uint64_t before = rt.progress;
-    running = 0;
-    for (Thread& t : rt.threads) {
-      if (t.done) continue;
-      rt.current = &t;
-      swapcontext(&rt.scheduler, &t.ctx);
-      running += !t.done;
-    }
-    rt.current = nullptr;
-    if (running > 0 && rt.progress == before) {
-      int at_barrier = rt.arrived;
-      fail("deadlock: %d threads wait at __syncthreads, %d at warp-wide instructions, none can go on", at_barrier,
-           running - at_barrier);
-    }
-  }
-}
-
-template <typename... P>
-struct Launch {
-  void (*kernel)(P...);
-  dim3 grid, block;
-  size_t smem;
-
-  template <typename... A>
-  void operator()(A&&... args) const {
-    const unsigned threads = block.x * block.y * block.z;
-    if (threads == 0 || threads > 1024 || block.z > 64 || grid.x == 0 || grid.y == 0 || grid.z == 0 ||
-        grid.x > 0x7fffffffu || grid.y > 65535 || grid.z > 65535)
-      return set_error(cudaErrorInvalidConfiguration);
-    const auto opt = device.smem_opt_in.find(reinterpret_cast<const void*>(kernel));
-    const size_t allowed = opt == device.smem_opt_in.end() ? 48 * 1024 : size_t(std::max(48 * 1024, opt->second));
-    if (smem > allowed) return set_error(cudaErrorInvalidValue);
-    const char* mode = std::getenv("KLOAD_EMU_CP_ASYNC");
-    rt.eager_copies = mode && std::strcmp(mode, "eager") == 0;
-    const std::function<void()> body = [&] { kernel(args...); };
-    rt.body = &body;
-    rt.grid = grid, rt.block = block;
-    for (unsigned z = 0; z < grid.z; ++z)
-      for (unsigned y = 0; y < grid.y; ++y)
-        for (unsigned x = 0; x < grid.x; ++x) {
-          rt.block_idx = make_uint3(x, y, z);
-          run_block(smem);
-        }
-    rt.body = nullptr;
-    rt.smem = nullptr;
-  }
-};
-
-template <typename... P>
-Launch<P...> launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem = 0, cudaStream_t = nullptr) {
-  return {kernel, grid, block, smem};
+// [p, p + bytes) lies in the block's shared memory, dynamic or static
+inline bool in_shared(const void* p, size_t bytes) {
+  const auto* c = static_cast<const unsigned char*>(p);
+  if (rt.smem && c >= rt.smem && c + bytes <= rt.smem + rt.smem_bytes) return true;
+  for (const Arena& a : rt.arenas)
+    if (c >= a.p && c + bytes <= a.p + a.bytes) return true;
+  return false;
 }
 
 }  // namespace kload_emu
+
+#include "launch.h"
 
 #define threadIdx (::kload_emu::rt.current->idx)
 #define blockIdx (::kload_emu::rt.block_idx)

@@ -19,7 +19,7 @@
 #include <cstring>
 #include <type_traits>
 
-#define KLOAD_GEMM_SM80 1
+#define KLOAD_CUDA_SM80 1
 
 namespace kload {
 namespace cuda {
@@ -29,13 +29,13 @@ using ::kload_emu::fail;
 using ::kload_emu::rt;
 
 inline void cp_async16(void* dst, const void* src, bool valid) {
-  if (reinterpret_cast<uintptr_t>(dst) % 16 || !::kload_emu::in_dynamic_shared(dst, 16))
+  if (reinterpret_cast<uintptr_t>(dst) % 16 || !::kload_emu::in_shared(dst, 16))
     fail("cp.async: destination %p is not 16 aligned bytes of the block's shared memory", dst);
   if (src == nullptr || reinterpret_cast<uintptr_t>(src) % 16)
     fail("cp.async: source %p is not a 16-byte aligned address", src);
   ++rt.counts["cp.async"];
   if (rt.eager_copies)
-    valid ? (void)std::memcpy(dst, src, 16) : (void)std::memset(dst, 0, 16);
+    ::kload_emu::land({dst, src, valid});
   else
     rt.current->open.push_back({dst, src, valid});
 }
@@ -50,7 +50,7 @@ template <int N>
 inline void cp_async_wait() {  // every committed group but the newest N has landed
   ::kload_emu::Thread& t = *rt.current;
   while (t.groups.size() > static_cast<size_t>(N)) {
-    for (const auto& c : t.groups.front()) c.valid ? (void)std::memcpy(c.dst, c.src, 16) : (void)std::memset(c.dst, 0, 16);
+    for (const auto& c : t.groups.front()) ::kload_emu::land(c);
     t.groups.erase(t.groups.begin());
   }
 }
@@ -64,7 +64,7 @@ inline void ldmatrix(uint32_t (&r)[4], const void* p, bool trans, const char* op
       op, p, [trans](const void* const* rows, Regs4* outs, int lanes) {
         if (lanes != 32) fail("ldmatrix.x4 in a warp of %d threads", lanes);
         for (int l = 0; l < 32; ++l)
-          if (reinterpret_cast<uintptr_t>(rows[l]) % 16 || !::kload_emu::in_dynamic_shared(rows[l], 16))
+          if (reinterpret_cast<uintptr_t>(rows[l]) % 16 || !::kload_emu::in_shared(rows[l], 16))
             fail("ldmatrix: lane %d's row address %p is not 16 aligned bytes of shared memory", l, rows[l]);
         auto at = [&](int matrix, int row, int col) {
           uint16_t v;

@@ -182,7 +182,7 @@ __device__ __forceinline__ void block_tile(int64_t grid_m, int64_t grid_n, int64
 
 template <typename Problem, bool kAligned>
 __global__ void __launch_bounds__(kThreads) gemm_kernel(const Problem p) {
-#if KLOAD_GEMM_SM80
+#if KLOAD_CUDA_SM80
   using T = typename Problem::T;
   using Tr = Traits<T>;
   constexpr bool kBK = Problem::kBKContiguous;
@@ -288,7 +288,7 @@ __global__ void __launch_bounds__(kThreads) gemm_kernel(const Problem p) {
       p.store(m + 8, n, acc[i][j][2]);
       p.store(m + 8, n + 1, acc[i][j][3]);
     }
-#endif  // KLOAD_GEMM_SM80
+#endif  // KLOAD_CUDA_SM80
 }
 
 // Launches `kernel` (gemm_kernel<Problem, kAligned>) for p on `stream`. nullptr, or what went wrong.
@@ -296,6 +296,7 @@ template <typename Problem>
 inline const char* launch_kernel(void (*kernel)(Problem), const Problem& p, cudaStream_t stream) {
   using T = typename Problem::T;
   constexpr int bytes = smem_bytes<T, Problem::kBKContiguous>();
+  static_assert(bytes <= 99 * 1024, "the GEMM's stages must fit every sm_80+ GPU (sm_86/89: 99 KB per block)");
   const int64_t blocks = ((p.M + BM - 1) / BM) * ((p.N + BN - 1) / BN);
   if (blocks > 0x7fffffff) return "kload gemm: the output has too many 128 x 128 tiles for one grid";
   // more than 48 KB of dynamic shared memory is opt-in, per kernel
