@@ -112,6 +112,16 @@ def test_the_emulator_sees_a_stage_overwritten_before_the_barrier(tmp_path):
     assert proc.returncode != 0 and "MISMATCH matmul" in proc.stdout + proc.stderr, proc.stdout + proc.stderr
 
 
+def test_the_emulator_sees_shared_memory_bank_conflicts(tmp_path):
+    # without the 16 bytes of padding, A's rows are 64 bytes apart: the 8 rows of an ldmatrix fall on
+    # two groups of banks, four to a group (a speed bug, not a wrong result: only the count shows it)
+    lib = planted(tmp_path, "matmul", "include/kload/cuda/gemm.cuh",
+                  "static constexpr int kPadA = 8, kPadB = 8;  // 16 bytes",
+                  "static constexpr int kPadA = 0, kPadB = 8;")
+    proc = check(lib, "matmul")
+    assert proc.returncode != 0 and "ldmatrix bank conflicts" in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+
+
 def test_the_emulator_sees_a_read_past_the_end(tmp_path):
     # one 16-byte vector past the last: the page after the buffer is not readable
     lib = planted(tmp_path, "vector_add", "vector_add/vector_add.cu",

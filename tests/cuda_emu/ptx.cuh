@@ -4,6 +4,7 @@
 //   - ldmatrix .m8n8 .x4 (.trans) .b16: lanes 8i .. 8i+7 give the row addresses of
 //     matrix i; lane l receives, in register i, row l/4 and columns 2(l%4), 2(l%4)+1
 //     of matrix i (of its transpose with .trans), the lower column in the low half;
+//     the extra passes bank conflicts cost are counted;
 //   - mma.m16n8k16 (f16, bf16) and mma.m16n8k8 (tf32), row.col, f32 accumulators:
 //     the fragments of "Matrix Fragments for mma.m16n8k16 / m16n8k8", with
 //     groupID = lane >> 2 and threadID_in_group = lane % 4;
@@ -66,6 +67,15 @@ inline void ldmatrix(uint32_t (&r)[4], const void* p, bool trans, const char* op
         for (int l = 0; l < 32; ++l)
           if (reinterpret_cast<uintptr_t>(rows[l]) % 16 || !::kload_emu::in_shared(rows[l], 16))
             fail("ldmatrix: lane %d's row address %p is not 16 aligned bytes of shared memory", l, rows[l]);
+        // shared memory's 32 banks of 4 bytes: each 8 x 8 matrix is one 128-byte read, its 8 rows in
+        // different banks when their addresses differ in bits 4-6; each more row on the same banks
+        // costs the read one more pass (counted: "ldmatrix bank conflicts")
+        for (int i = 0; i < 4; ++i) {
+          int on_bank[8] = {}, worst = 0;
+          for (int r = 0; r < 8; ++r)
+            worst = std::max(worst, ++on_bank[(reinterpret_cast<uintptr_t>(rows[8 * i + r]) >> 4) & 7]);
+          rt.counts["ldmatrix bank conflicts"] += worst - 1;
+        }
         auto at = [&](int matrix, int row, int col) {
           uint16_t v;
           std::memcpy(&v, static_cast<const unsigned char*>(rows[8 * matrix + row]) + 2 * col, 2);
