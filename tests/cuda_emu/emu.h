@@ -84,6 +84,7 @@ struct Thread {
   bool done = false;
   bool at_barrier = false;  // waiting at __syncthreads for `waits_for` to pass
   uint64_t waits_for = 0;
+  uint64_t copies_issued = 0;  // cp.async instructions so far
   std::vector<Copy> open;                 // cp.async copies since the last commit_group
   std::vector<std::vector<Copy>> groups;  // committed, not yet waited for (oldest first)
 };
@@ -98,6 +99,11 @@ struct Warp {
   const char* op = nullptr;
   uint64_t generation = 0;
   Lane lane[32];
+  struct Stores {  // the shared-memory addresses of the lanes' n-th cp.async of the block
+    int count = 0;
+    uintptr_t at[32];
+  };
+  std::map<uint64_t, Stores> copies;
 };
 
 struct Arena {  // a static __shared__ variable's storage
@@ -207,6 +213,18 @@ A& static_shared() {
 }
 
 inline void* dynamic_shared() { return rt.smem; }
+
+// Extra passes over shared memory of 16-byte accesses at `at` by `lanes` lanes: the banks
+// serve a quarter-warp (8 lanes, 128 bytes) a pass when their addresses differ in bits 4-6.
+inline int bank_conflicts_16(const uintptr_t* at, int lanes) {
+  int extra = 0;
+  for (int q = 0; q < lanes; q += 8) {
+    int on[8] = {}, worst = 0;
+    for (int l = q; l < std::min(lanes, q + 8); ++l) worst = std::max(worst, ++on[(at[l] >> 4) & 7]);
+    extra += worst - 1;
+  }
+  return extra;
+}
 
 // [p, p + bytes) lies in the block's shared memory, dynamic or static
 inline bool in_shared(const void* p, size_t bytes) {

@@ -9,7 +9,8 @@
 //     the fragments of "Matrix Fragments for mma.m16n8k16 / m16n8k8", with
 //     groupID = lane >> 2 and threadID_in_group = lane % 4;
 //   - cp.async: a 16-byte copy, or 16 zero bytes with src-size 0, that lands when
-//     issued (KLOAD_EMU_CP_ASYNC=eager) or at the wait_group that must see it;
+//     issued (KLOAD_EMU_CP_ASYNC=eager) or at the wait_group that must see it; the
+//     bank conflicts of a warp's stores (its lanes' n-th copies) are counted;
 //   - cvt.rna.tf32.f32: round to 10 mantissa bits, to nearest, ties away from zero.
 #pragma once
 
@@ -35,6 +36,17 @@ inline void cp_async16(void* dst, const void* src, bool valid) {
   if (src == nullptr || reinterpret_cast<uintptr_t>(src) % 16)
     fail("cp.async: source %p is not a 16-byte aligned address", src);
   ++rt.counts["cp.async"];
+  {  // the warp's lanes' n-th cp.async together: their shared-memory stores' bank conflicts
+    ::kload_emu::Thread& t = *rt.current;
+    ::kload_emu::Warp& w = rt.warps[t.warp];
+    const uint64_t n = t.copies_issued++;
+    auto& s = w.copies[n];
+    s.at[t.lane] = reinterpret_cast<uintptr_t>(dst);
+    if (++s.count == w.lanes) {
+      rt.counts["cp.async bank conflicts"] += ::kload_emu::bank_conflicts_16(s.at, w.lanes);
+      w.copies.erase(n);
+    }
+  }
   if (rt.eager_copies)
     ::kload_emu::land({dst, src, valid});
   else
@@ -67,15 +79,11 @@ inline void ldmatrix(uint32_t (&r)[4], const void* p, bool trans, const char* op
         for (int l = 0; l < 32; ++l)
           if (reinterpret_cast<uintptr_t>(rows[l]) % 16 || !::kload_emu::in_shared(rows[l], 16))
             fail("ldmatrix: lane %d's row address %p is not 16 aligned bytes of shared memory", l, rows[l]);
-        // shared memory's 32 banks of 4 bytes: each 8 x 8 matrix is one 128-byte read, its 8 rows in
-        // different banks when their addresses differ in bits 4-6; each more row on the same banks
-        // costs the read one more pass (counted: "ldmatrix bank conflicts")
-        for (int i = 0; i < 4; ++i) {
-          int on_bank[8] = {}, worst = 0;
-          for (int r = 0; r < 8; ++r)
-            worst = std::max(worst, ++on_bank[(reinterpret_cast<uintptr_t>(rows[8 * i + r]) >> 4) & 7]);
-          rt.counts["ldmatrix bank conflicts"] += worst - 1;
-        }
+        // shared memory's 32 banks of 4 bytes: each 8 x 8 matrix is one 128-byte read of the rows
+        // of 8 lanes, in one pass when the rows lie on different banks (counted otherwise)
+        uintptr_t row_at[32];
+        for (int l = 0; l < 32; ++l) row_at[l] = reinterpret_cast<uintptr_t>(rows[l]);
+        rt.counts["ldmatrix bank conflicts"] += ::kload_emu::bank_conflicts_16(row_at, 32);
         auto at = [&](int matrix, int row, int col) {
           uint16_t v;
           std::memcpy(&v, static_cast<const unsigned char*>(rows[8 * matrix + row]) + 2 * col, 2);

@@ -170,6 +170,13 @@ __device__ __forceinline__ void load_chunk(T* dst, const T* src, const T* any_va
   }
 }
 
+// Which row of a tile whose rows are 4 chunks of 16 bytes (A, and the convolution's B:
+// 80-byte rows with the padding) copy slot s fills. One 16-byte store per thread goes to
+// shared memory a quarter-warp (8 threads, 128 bytes) per pass, in one pass only if the 8
+// addresses differ in bits 4-6, (5 row + chunk) mod 8 here: two rows 4 apart cover all 8
+// (rows 1 apart would meet: 5 + 3 = 0 mod 8), so slots 2j and 2j + 1 take rows j and j + 4.
+__device__ __forceinline__ int spread_row(int s) { return (s & ~7) | (s & 1) << 2 | (s & 7) >> 1; }
+
 // Block (bm, bn) of the grouped ordering, from a 1-D grid.
 __device__ __forceinline__ void block_tile(int64_t grid_m, int64_t grid_n, int64_t& bm, int64_t& bn) {
   constexpr int64_t kGroup = 8;
@@ -199,23 +206,25 @@ __global__ void __launch_bounds__(kThreads) gemm_kernel(const Problem p) {
   const T* any_valid = p.any();  // a readable address for the zero-filling copies (which read nothing)
 
   // Each thread copies kPassesA chunks of A and kPassesB of B per stage (512 of each: 4
-  // and 4 with 128 threads): of A, rows tid / 4 + i * kThreads / 4 of the tile at k offset
-  // (tid % 4) * kVec, the same rows every stage (their Row, worked out once); of B,
-  // chunks tid + i * kThreads.
+  // and 4 with 128 threads): of A, rows spread_row(tid / 4) + i * kThreads / 4 of the tile
+  // at k offset (tid % 4) * kVec, the same rows every stage (their Row, worked out once);
+  // of B, chunks tid + i * kThreads (rows spread the same way where they are 4 chunks).
   constexpr int kChunksPerRowA = BK / kVec;                                  // 4
   constexpr int kChunksPerRowB = kBK ? BK / kVec : BN / kVec;                // 4, or 16 / 32
   constexpr int kRowsPerPassA = kThreads / kChunksPerRowA, kPassesA = BM / kRowsPerPassA;
   constexpr int kPassesB = (kBK ? BN : BK) * kChunksPerRowB / kThreads;
-  static_assert(kChunksPerRowA == 4 && BM % kRowsPerPassA == 0, "A's chunks: whole rows per pass");
+  static_assert(kChunksPerRowA == 4 && kRowsPerPassA % 8 == 0 && BM % kRowsPerPassA == 0,
+                "A's chunks: whole rows per pass, in groups of 8 (spread_row)");
   static_assert(kPassesB * kThreads == (kBK ? BN : BK) * kChunksPerRowB, "B's chunks: whole passes");
   typename Problem::Row a_rows[kPassesA];
 #pragma unroll
-  for (int i = 0; i < kPassesA; ++i) a_rows[i] = p.a_row(m_base + tid / kChunksPerRowA + i * kRowsPerPassA);
+  for (int i = 0; i < kPassesA; ++i)
+    a_rows[i] = p.a_row(m_base + spread_row(tid / kChunksPerRowA) + i * kRowsPerPassA);
   auto load_stage = [&](int stage, int64_t k0) {
     S& s = stages[stage];
 #pragma unroll
     for (int i = 0; i < kPassesA; ++i) {
-      const int r = tid / kChunksPerRowA + i * kRowsPerPassA, kc = (tid % kChunksPerRowA) * kVec;
+      const int r = spread_row(tid / kChunksPerRowA) + i * kRowsPerPassA, kc = (tid % kChunksPerRowA) * kVec;
       const int64_t k = k0 + kc;
       const typename Problem::Row& row = a_rows[i];
       load_chunk<kAligned>(&s.a[r * S::kARow + kc], kAligned ? p.a_chunk(row, k) : nullptr, any_valid,
@@ -224,7 +233,8 @@ __global__ void __launch_bounds__(kThreads) gemm_kernel(const Problem p) {
 #pragma unroll
     for (int i = 0; i < kPassesB; ++i) {
       const int c = tid + i * kThreads;
-      const int r = c / kChunksPerRowB, cc = (c % kChunksPerRowB) * kVec;
+      const int r = kChunksPerRowB == 4 ? spread_row(c / 4) : c / kChunksPerRowB;
+      const int cc = (c % kChunksPerRowB) * kVec;
       if (kBK) {  // row r is n, chunk cc is k
         const int64_t n = n_base + r, k = k0 + cc;
         load_chunk<kAligned>(&s.b[r * S::kBRow + cc], kAligned ? p.b_chunk(n, k) : nullptr, any_valid,
