@@ -142,13 +142,13 @@ def matmul(a: torch.Tensor, b: torch.Tensor, allow_tf32: bool | None = None) -> 
 
     Args:
         allow_tf32: whether float32 may run on a GPU's TF32 tensor cores (10-bit mantissa
-            inputs, fp32 sums). None: torch's setting, read at each call as ``torch.matmul``
-            does (``torch.backends.cuda.matmul.allow_tf32``, which
-            ``torch.set_float32_matmul_precision("high")`` sets, or the newer
-            ``fp32_precision = "tf32"``). The CPU ignores it.
+            inputs, fp32 sums). None: torch's setting (``torch.backends.cuda.matmul.allow_tf32``,
+            which ``torch.set_float32_matmul_precision("high")`` sets, or the newer
+            ``fp32_precision = "tf32"``), read at each call as ``torch.matmul`` does; under
+            ``torch.compile``, the setting when the graph was traced. The CPU ignores it.
     """
     if allow_tf32 is None:
-        allow_tf32 = _tf32_allowed()
+        allow_tf32 = _tf32_when_traced() if torch.compiler.is_compiling() else _tf32_allowed()
     return op("matmul")(a, b, allow_tf32)
 
 
@@ -159,6 +159,12 @@ def _tf32_allowed() -> bool:
         return bool(cuda_matmul.allow_tf32)
     except RuntimeError:  # torch >= 2.9 set through fp32_precision: the legacy flag refuses to answer
         return cuda_matmul.fp32_precision == "tf32"
+
+
+@torch.compiler.assume_constant_result
+def _tf32_when_traced() -> bool:
+    # run, not traced, by torch.compile (which can follow neither the try above nor fp32_precision)
+    return _tf32_allowed()
 
 
 def __getattr__(name: str):

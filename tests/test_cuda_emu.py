@@ -112,7 +112,7 @@ def test_the_emulator_sees_a_stage_overwritten_before_the_barrier(tmp_path):
     assert proc.returncode != 0 and "MISMATCH matmul" in proc.stdout + proc.stderr, proc.stdout + proc.stderr
 
 
-def test_the_emulator_sees_shared_memory_bank_conflicts(tmp_path):
+def test_the_emulator_sees_ldmatrix_bank_conflicts(tmp_path):
     # without the 16 bytes of padding, A's rows are 64 bytes apart: the 8 rows of an ldmatrix fall on
     # two groups of banks, four to a group (a speed bug, not a wrong result: only the count shows it)
     lib = planted(tmp_path, "matmul", "include/kload/cuda/gemm.cuh",
@@ -120,6 +120,16 @@ def test_the_emulator_sees_shared_memory_bank_conflicts(tmp_path):
                   "static constexpr int kPadA = 0, kPadB = 8;")
     proc = check(lib, "matmul")
     assert proc.returncode != 0 and "ldmatrix bank conflicts" in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+
+
+def test_the_emulator_sees_cp_async_bank_conflicts(tmp_path):
+    # a quarter-warp's copies into two adjacent 80-byte rows: its 16-byte stores take two passes
+    # (ldmatrix reads are untouched: only the cp.async count can see it)
+    lib = planted(tmp_path, "matmul", "include/kload/cuda/gemm.cuh",
+                  "int spread_row(int s) { return (s & ~7) | (s & 1) << 2 | (s & 7) >> 1; }",
+                  "int spread_row(int s) { return s; }")
+    proc = check(lib, "matmul")
+    assert proc.returncode != 0 and "cp.async bank conflicts" in proc.stdout + proc.stderr, proc.stdout + proc.stderr
 
 
 def test_the_emulator_sees_a_read_past_the_end(tmp_path):

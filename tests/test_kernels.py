@@ -277,9 +277,17 @@ def test_matmul_follows_torchs_newer_tf32_setting_too():
             kernels.matmul(a, a.t())
             torch.backends.cuda.matmul.fp32_precision = "ieee"
             kernels.matmul(a, a.t())
+        torch.backends.cuda.matmul.fp32_precision = "tf32"
+
+        def backend(gm, example_inputs):  # the traced graph's matmul calls: their allow_tf32
+            seen.extend(n.args[2] for n in gm.graph.nodes if n.op == "call_function" and "matmul" in str(n.target))
+            return gm.forward
+
+        compiled = torch.compile(lambda x: kernels.matmul(x, x.t()), fullgraph=True, backend=backend)
+        compiled(a)  # traced: reading the legacy flag there would raise
         print(json.dumps({"seen": seen}))
     """)
-    assert out["seen"] == [True, False]
+    assert out["seen"] == [True, False, True]
 
 
 def test_torch_compile_fullgraph_has_no_graph_break():

@@ -108,6 +108,9 @@ inline void run_block(size_t smem_bytes, Order order) {
       fail("deadlock: %d threads wait at __syncthreads, %d at warp-wide instructions, none can go on", rt.arrived,
            rt.live - rt.arrived);
   }
+  for (int w = 0; w < nwarps; ++w)  // the lanes' n-th cp.async met n-th ones: else the count was wrong
+    if (!rt.warps[w].copies.empty())
+      fail("the lanes of warp %d issued different numbers of cp.async: their bank conflicts were not counted", w);
 }
 
 inline Order order_from_env() {
