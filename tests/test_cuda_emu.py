@@ -24,7 +24,7 @@ from kload.toolchain import find_cuda_home
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE / "cuda_emu"))
-import build as emu_build  # noqa: E402
+import emu_build  # noqa: E402
 
 _home = find_cuda_home()
 CUDA_INCLUDE = Path(_home, "include") if _home else None

@@ -1,4 +1,4 @@
-"""The shipped CUDA kernels, emulated on the CPU (build.py, emu.h), against torch's
+"""The shipped CUDA kernels, emulated on the CPU (emu_build.py, emu.h), against torch's
 CPU results in float64: every launcher of kernels/*/<op>.cu, the fast and the simple
 kernels, their aligned and unaligned paths, odd sizes and tails.
 

@@ -1,9 +1,11 @@
 // tests/cuda_emu/emu.h — runs the shipped CUDA kernels on the CPU, so their index
 // math (tiles, fragments, pipelines, edges, reductions) is checked where there is
 // no GPU. g++ compiles a copy of each kernels/<op>/<op>.cu with this header forced
-// in first (-include), after three textual rewrites (tests/cuda_emu/build.py):
+// in first (-include), after these textual rewrites (tests/cuda_emu/emu_build.py):
 //   kernel<<<grid, block, smem, stream>>>(args)  ->  ::kload_emu::launch(kernel, grid, block, smem, stream)(args)
 //   extern __shared__ T name[];                  ->  T* name = (T*)::kload_emu::dynamic_shared();
+//   __shared__ T name[dims];                     ->  T (&name)[dims] = ::kload_emu::static_shared<T[dims], site>();
+//   KLOAD_LAUNCHER (hidden)                      ->  extern "C", exported (check.py calls the launchers)
 //   kload/cuda/ptx.cuh                           ->  tests/cuda_emu/ptx.cuh (the PTX instructions, emulated)
 //
 // A launch runs its blocks one after another. A block's threads are fibers
@@ -55,7 +57,7 @@
 #include <vector>
 
 #undef __shared__
-#define __shared__ static  // (build.py rewrites every __shared__ declaration: see static_shared)
+#define __shared__ static  // (emu_build.py rewrites every __shared__ declaration: see static_shared)
 
 using std::max;  // CUDA's device min/max overloads
 using std::min;
@@ -197,7 +199,7 @@ Out warp_collective(const char* op, const In& in, F compute) {
 }
 
 // -- shared memory -------------------------------------------------------------------
-// `__shared__ T name[dims];` is rewritten (build.py) to a reference to the storage of
+// `__shared__ T name[dims];` is rewritten (emu_build.py) to a reference to the storage of
 // static_shared<T[dims], site>(): one per declaration and type, poisoned (0xFF) when
 // first met and at the start of every block after.
 template <typename A, int kSite>
