@@ -91,7 +91,7 @@ class Kernels:
         self._count.argtypes, self._count.restype = [ctypes.c_char_p, ctypes.c_int], ctypes.c_uint64
 
     def ran(self, what: str) -> int:
-        """How many `what` (an instruction, "blocks", ...) ran since the last ran()/reset()."""
+        """How many `what` (an instruction, "blocks", ...) ran since the last reset()."""
         return self._count(what.encode(), 0)
 
     def reset(self) -> None:
