@@ -1,5 +1,6 @@
 """Helpers the benchmarks share: a step in a fresh interpreter, the %%kload re-run,
-the watched handle's per-call cost, waiting for background precompiles."""
+the watched handle's per-call cost, waiting for background precompiles, GPU time by
+CUDA events."""
 from __future__ import annotations
 
 import json
@@ -90,3 +91,18 @@ def _wait_background(cache: str, timeout: float = 600) -> None:
         if not busy:
             return
         time.sleep(0.5)
+
+
+def event_seconds(fn, calls: int = 1) -> float:
+    """GPU seconds per call of `calls` calls of fn in a row on the current stream, between
+    two CUDA events (several calls for kernels of microseconds: one call per event pair
+    would time the events)."""
+    import torch
+
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(calls):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / 1e3 / calls

@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 import kload
+from common import event_seconds
 from kload import kernels
 
 # (warps along N, stages): the default first; (4, 3) is the first version of the kernel
@@ -39,18 +40,6 @@ def build(shape):
                    extra_cuda_cflags=kernels.CUDA_CFLAGS + [f"-DKLOAD_GEMM_WARPS_N={wn}", f"-DKLOAD_GEMM_STAGES={stages}"],
                    extra_ldflags=kernels.LDFLAGS, reload=False)
     return h.matmul
-
-
-def event_time(fn, calls: int) -> float:
-    """Seconds per call of `calls` calls in a row between two CUDA events (a 1024^3 matmul
-    takes microseconds: one call per event pair would time the events)."""
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(calls):
-        fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / 1e3 / calls
 
 
 def main() -> int:
@@ -81,9 +70,9 @@ def main() -> int:
                 failed = True
         calls = 3 if m >= 4096 else 50
         for _ in range(rounds):
-            times["torch"].append(event_time(lambda: x @ y, calls))
+            times["torch"].append(event_seconds(lambda: x @ y, calls))
             for s, op in ops.items():
-                times[s].append(event_time(lambda op=op: op(x, y, False), calls))
+                times[s].append(event_seconds(lambda op=op: op(x, y, False), calls))
         med = {s: sorted(t)[len(t) // 2] for s, t in times.items()}
         best = min(SHAPES, key=lambda s: med[s])
         print(f"\nmatmul {m}^3 {str(dtype)[6:]}: torch {med['torch'] * 1e3:.3f} ms, "

@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from common import event_seconds
 from kload import kernels
 
 
@@ -33,15 +34,7 @@ def cuda_time(fn, repeat: int = 50, warmup: int = 5) -> float:
     """Median seconds of fn() on the current stream (CUDA events)."""
     for _ in range(warmup):
         fn()
-    times = []
-    for _ in range(repeat):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    times.sort()
+    times = sorted(event_seconds(fn) for _ in range(repeat))
     return times[len(times) // 2]
 
 

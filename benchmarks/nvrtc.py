@@ -35,6 +35,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from common import event_seconds
+
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = ROOT / "kernels" / "vector_add" / "vector_add.cu"
 DTYPES = ("float", "double", "__half", "__nv_bfloat16")
@@ -292,13 +294,7 @@ print(time.perf_counter() - t)"""
             fn()
         torch.cuda.synchronize()
         wall = (time.perf_counter() - t) / n
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(n):
-            fn()
-        end.record()
-        end.synchronize()
-        ev = start.elapsed_time(end) / 1e3 / n
+        ev = event_seconds(fn, n)
         base = base or wall
         print(f"  per call, 4 floats: {label:<40} wall {wall * 1e6:6.2f} us  events {ev * 1e6:6.2f} us  "
               f"{wall / base:5.2f}x (target <= 1.2x)")

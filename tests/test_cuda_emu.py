@@ -74,6 +74,11 @@ def test_the_gemms_other_tile_shapes_match_torch_on_the_emulator(tmp_path, warps
         assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
 
 
+def caught(proc: subprocess.CompletedProcess, what: str) -> None:
+    """The check run stopped, saying `what` (a planted bug was seen)."""
+    assert proc.returncode != 0 and what in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+
+
 def planted(tmp_path: Path, op: str, path: str, old: str, new: str) -> Path:
     def edit(out: Path) -> None:
         f = out / path
@@ -88,16 +93,14 @@ def test_the_emulator_sees_a_wrong_fragment_layout(tmp_path):
     # ldmatrix's matrices 2 and 3 (k 8-15) taken from lanes 8-15's rows instead of 16-31's
     lib = planted(tmp_path, "matmul", "include/kload/cuda/gemm.cuh", "kk + (lane >> 4) * 8);",
                   "kk + ((lane >> 3) & 1) * 8);")
-    proc = check(lib, "matmul")
-    assert proc.returncode != 0 and "MISMATCH matmul" in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+    caught(check(lib, "matmul"), "MISMATCH matmul")
 
 
 def test_the_emulator_sees_a_short_cp_async_wait(tmp_path):
     # waiting for all but the newest kStages - 1 groups, one too many: the step computed has not landed
     lib = planted(tmp_path, "matmul", "include/kload/cuda/gemm.cuh", "ptx::cp_async_wait<kStages - 2>();",
                   "ptx::cp_async_wait<kStages - 1>();")
-    proc = check(lib, "matmul", cp_async="late")
-    assert proc.returncode != 0 and "MISMATCH matmul" in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+    caught(check(lib, "matmul", cp_async="late"), "MISMATCH matmul")
 
 
 def test_the_emulator_sees_a_stage_overwritten_before_the_barrier(tmp_path):
@@ -108,8 +111,7 @@ def test_the_emulator_sees_a_stage_overwritten_before_the_barrier(tmp_path):
             "    if (next < ktiles) load_stage(static_cast<int>(next % kStages), next * BK);\n")
     lib = planted(tmp_path, "matmul", "include/kload/cuda/gemm.cuh", barrier + load, load + barrier)
     assert check(lib, "matmul", cp_async="eager", order="lockstep").returncode == 0
-    proc = check(lib, "matmul", cp_async="eager", order="warps")
-    assert proc.returncode != 0 and "MISMATCH matmul" in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+    caught(check(lib, "matmul", cp_async="eager", order="warps"), "MISMATCH matmul")
 
 
 def test_the_emulator_sees_ldmatrix_bank_conflicts(tmp_path):
@@ -118,8 +120,7 @@ def test_the_emulator_sees_ldmatrix_bank_conflicts(tmp_path):
     lib = planted(tmp_path, "matmul", "include/kload/cuda/gemm.cuh",
                   "static constexpr int kPadA = 8, kPadB = 8;  // 16 bytes",
                   "static constexpr int kPadA = 0, kPadB = 8;")
-    proc = check(lib, "matmul")
-    assert proc.returncode != 0 and "ldmatrix bank conflicts" in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+    caught(check(lib, "matmul"), "ldmatrix bank conflicts")
 
 
 def test_the_emulator_sees_cp_async_bank_conflicts(tmp_path):
@@ -128,8 +129,7 @@ def test_the_emulator_sees_cp_async_bank_conflicts(tmp_path):
     lib = planted(tmp_path, "matmul", "include/kload/cuda/gemm.cuh",
                   "int spread_row(int s) { return (s & ~7) | (s & 1) << 2 | (s & 7) >> 1; }",
                   "int spread_row(int s) { return s; }")
-    proc = check(lib, "matmul")
-    assert proc.returncode != 0 and "cp.async bank conflicts" in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+    caught(check(lib, "matmul"), "cp.async bank conflicts")
 
 
 def test_the_emulator_sees_a_read_past_the_end(tmp_path):

@@ -97,15 +97,13 @@ class Kernels:
     def reset(self) -> None:
         self._count(b"", 1)
 
-    def no_bank_conflicts(self, case: str) -> None:
-        """The GEMM's shared memory (row padding, spread_row) serves every ldmatrix and every
-        warp's cp.async stores in one pass per 128 bytes (docs/kernels.md)."""
+    def expect(self, case: str, **counts: bool) -> None:
+        """Whether each instruction ran (True) or not (False) since reset(): the path meant;
+        and no shared-memory bank conflict (the GEMM's row padding and spread_row serve every
+        ldmatrix and every warp's cp.async stores in one pass per 128 bytes: docs/kernels.md)."""
         for what in ("ldmatrix bank conflicts", "cp.async bank conflicts"):
             if self.ran(what):
                 sys.exit(f"{case}: {self.ran(what)} {what}")
-
-    def expect(self, case: str, **counts: bool) -> None:
-        """Whether each instruction ran (True) or not (False) since reset(): the path meant."""
         for what, want in counts.items():
             if bool(self.ran(what)) != want:
                 sys.exit(f"{case}: expected {what} {'to run' if want else 'not to run'}")
@@ -139,7 +137,6 @@ def matmul_case(k: Kernels, m: int, kk: int, n: int, dtype, tf32: bool = False, 
     tol = 5e-3 if tf32 else TOL[dtype]
     case = f"matmul {m}x{kk}x{n} {dtype}{' tf32' if tf32 else ''} offset={offset}"
     close(out, a.double() @ b.double(), tol, tol * max(1.0, kk ** 0.5), case)
-    k.no_bank_conflicts(case)
     if mma:  # the tile shape built (gemm.cuh's KLOAD_GEMM_WARPS_N): 64 threads per warp along N
         want_threads = 64 * int(os.environ.get("KLOAD_EMU_GEMM_WARPS_N", "2"))
         if k.ran("threads") != want_threads * k.ran("blocks"):
@@ -194,7 +191,6 @@ def check_conv2d(k: Kernels) -> None:
                 case = (f"conv2d {dtype} x={tuple(x.shape)} w={tuple(wt.shape)} s={s} p={p} bias={bias is not None} "
                         f"workspace={nbytes.value}")
                 close(out, want, tol, tol * max(1.0, (c * kh * kw) ** 0.5), case)
-                k.no_bank_conflicts(case)
                 igemm = dtype != torch.float32 and c % 8 == 0  # the implicit GEMM
                 k.expect(case, **{MMA[dtype]: igemm, "cp.async": igemm})
     # the backward (direct kernels)
