@@ -190,7 +190,9 @@ class Handle:
             self.__dict__.pop(attr, None)
 
     def _mark_stale(self) -> None:
-        """Called by the watcher thread: the next access of an op rebuilds."""
+        """Called by the watcher thread: the next access of an op rebuilds. The flag goes
+        up first, then the ops go; ``__getattr__`` caches an op and then checks the flag,
+        so an op fetched while a save is being marked is never kept past the mark."""
         self.__dict__["_stale"] = True
         self._drop_ops()
 
@@ -248,6 +250,8 @@ class Handle:
                 + (", ".join(names) if names else "(nothing)")
             )
         self.__dict__[attr] = value
+        if self._stale:  # the watcher marked a save meanwhile (after its drop): do not keep serving this
+            self.__dict__.pop(attr, None)
         return value
 
     def __setattr__(self, attr, value):
