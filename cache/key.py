@@ -12,8 +12,9 @@ import hashlib
 import json
 import os
 import re
+import time
 
-from . import SCHEMA, stamp_of  # noqa: F401 (re-exported)
+from . import RACY_NS, SCHEMA, stamp_of  # noqa: F401 (re-exported)
 
 _HEX64 = re.compile(r"[0-9a-f]{64}\Z")
 
@@ -49,6 +50,14 @@ def stat_stamp(path: str) -> list | None:
     return stamp_of(st)
 
 
+def settled(st: os.stat_result) -> bool:
+    """Whether a file was last written at least ``RACY_NS`` ago. Only then does its stat
+    stamp stand for its bytes: a second same-size write within one clock tick (1-10 ms)
+    would leave size, mtime and ctime as they were (git's "racily clean" files)."""
+    now = time.time_ns()
+    return now - st.st_ctime_ns >= RACY_NS and now - st.st_mtime_ns >= RACY_NS
+
+
 def unchanged(path: str, sha256: str, stamp: list | None, st: os.stat_result | None = None) -> bool:
     """Does ``path`` still hold the bytes whose hash is ``sha256``? A matching stat
     stamp answers without reading the file (on another machine it differs: then hash).
@@ -65,7 +74,8 @@ def file_sha256(path: str) -> str | None:
     """SHA-256 of a file's bytes, or None if it cannot be read.
 
     Memoized in-process by the full stat signature (size, mtime, ctime, inode):
-    a rewrite changes ctime even when size and mtime are restored.
+    a rewrite changes ctime even when size and mtime are restored. A file written
+    less than ``RACY_NS`` ago is hashed at each call (see :func:`settled`).
     """
     try:
         st = os.stat(path)
@@ -76,7 +86,7 @@ def file_sha256(path: str) -> str | None:
     if hit is not None and hit[0] == sig:
         return hit[1]
     value = sha256_now(path)
-    if value is not None:
+    if value is not None and settled(st):
         _file_memo[path] = (sig, value)
     return value
 

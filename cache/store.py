@@ -30,7 +30,7 @@ from kload.errors import KloadError
 
 from . import (HITS, LAST_USED, MANIFEST, RACY_NS, SCHEMA, Entry, check_private, entry_in_use,  # noqa: F401
                hit_manifest, hit_record_path, read_json, stamp_of)
-from .key import sha256_now, unchanged, workspace_key
+from .key import settled, sha256_now, unchanged, workspace_key
 
 log = logging.getLogger("kload")
 
@@ -177,12 +177,11 @@ class Store:
         ``files`` maps each file whose bytes are in the key to its SHA-256 (None for
         a binary identified by its stamp alone). Nothing is written while any file is
         too fresh to stamp safely, differs from its hash, or changes while hashed."""
-        now = time.time_ns()
         stamped = []
         for path, sha in files.items():
             try:
                 before = os.stat(path)
-                if now - before.st_ctime_ns < RACY_NS or now - before.st_mtime_ns < RACY_NS:
+                if not settled(before):
                     return False
                 if sha is not None and sha256_now(path) != sha:
                     return False

@@ -15,7 +15,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from kload.cache.key import file_sha256, full_key, stat_stamp
+from kload.cache.key import file_sha256, full_key, settled, stamp_of, stat_stamp
 from kload.cache.store import Store, move_aside, read_json, write_atomic, write_json_atomic
 
 from . import knobs, linking, pch, toolchain, torchbuild
@@ -62,13 +62,41 @@ def header_closure(ws: Path, plan: Plan, deps: dict[str, list[str]], pchs: pch.P
     for p in sorted({p for files in deps.values() for p in files} | pchs.headers_used()):
         if p in skip or p.startswith(str(ws) + os.sep) or p.startswith(system):
             continue
-        before = stat_stamp(p)
+        try:
+            st = os.stat(p)
+        except OSError:
+            st = None
         digest = file_sha256(p)
-        if digest is None:
+        if st is None or digest is None:
             raise KloadError(f"kload: a header the build read is unreadable now: {p}")
         headers[p] = digest
-        stamps[p] = before if stat_stamp(p) == before else None  # written meanwhile: always hash
+        # written meanwhile, or too recently for a stamp to stand for its bytes: lookups hash it
+        stamps[p] = stamp_of(st) if settled(st) and stat_stamp(p) == stamp_of(st) else None
     return headers, stamps
+
+
+# In place of the hash of a file that changed during its build: no file hashes so, so no lookup finds
+# the entry again; unique per build, so two such builds never share a key (and an entry).
+CHANGED = "changed while compiled, build {}"
+
+
+def changed_during_build(plan: Plan, headers: dict[str, str], since_ns: int) -> list[str]:
+    """The sources and headers written after the build started (ccache's "too new"
+    rule): the compiler may have read either version, so the build stands for neither.
+    A write before the start cannot count: a file's timestamps come from a clock that
+    lags the real one, never leads it. A source is also compared with the bytes its
+    key was made of (hashed before the compile)."""
+    shas = {str(s.path): s.sha256 for s in plan.sources.sources if s.path in plan.built}
+    out = []
+    for p in sorted(set(headers) | set(shas)):
+        try:
+            st = os.stat(p)
+        except OSError:
+            out.append(p)
+            continue
+        if st.st_ctime_ns >= since_ns or st.st_mtime_ns >= since_ns or (p in shas and file_sha256(p) != shas[p]):
+            out.append(p)
+    return out
 
 
 COMPDB = "compile_commands.json"
@@ -208,7 +236,7 @@ def _compile(plan: Plan, store: Store, ws: Path, link: list[str]) -> Compiled:
         sources.append(str(ns_src))
     artifact = ws / (name if plan.standalone else f"{name}.so")
     forget_stale_objects(ws)
-    started, since = time.perf_counter(), time.time()
+    started, since, since_ns = time.perf_counter(), time.time(), time.time_ns()
     try:
         with parallel_jobs(plan, len(sources)) as jobs, BuildProgress(name, ws, jobs) as progress, \
                 launchers(store, plan), cuda_toolkit(plan), pchs.held():
@@ -226,8 +254,18 @@ def _compile(plan: Plan, store: Store, ws: Path, link: list[str]) -> Compiled:
     if plan.sources.stable:
         torchbuild.check_stable_imports(artifact, name)
     headers, stamps = header_closure(ws, plan, deps, pchs)
-    write_json_atomic(ws / RECORD, {**headers, **{str(s.path): s.sha256 for s in plan.sources.sources
-                                                  if s.path in plan.built}})
+    record = {**headers, **{str(s.path): s.sha256 for s in plan.sources.sources if s.path in plan.built}}
+    changed = changed_during_build(plan, headers, since_ns)
+    if changed:  # this process runs the build; no later lookup finds it, the next build recompiles
+        from .progress import say
+
+        say(f"kload: {', '.join(changed)} changed while {name} compiled; this build is not reused (the next "
+            "load compiles again)", warning=True)
+        mark = CHANGED.format(uuid.uuid4().hex)
+        for p in changed:
+            headers[p] = record[p] = mark
+            stamps[p] = None
+    write_json_atomic(ws / RECORD, record)
     os.unlink(ws / BUILDING)
     inputs = plan.key_inputs()
     return Compiled(artifact, full_key(plan.skey, headers), headers, stamps, seconds=seconds, manifest={
@@ -246,4 +284,5 @@ def _compile(plan: Plan, store: Store, ws: Path, link: list[str]) -> Compiled:
         "source_paths": [str(s.path) for s in plan.sources.sources],
         "pch": notes,
         "inputs": inputs,
+        "changed_during_build": changed,
     })

@@ -36,6 +36,7 @@ class Handle:
         d["_resolved"] = None     # the last resolve_entry() result: the entry, how, the plan
         d["_stale"] = False       # a watched file changed: rebuild at the next access
         d["_files"] = set()       # what the watcher looks at (sources + local headers), if watched
+        d["_dirs"] = set()        # ... and directories it looks at whole (watch.py)
         d["_last_error"] = None   # the rebuild error reported last (each is reported once)
         d["_device"] = None       # device_code=: the live_glue.Server of its CudaModule, made at the first load
         d["_glue"] = None         # the loaded build's kernel slots that server binds
@@ -156,6 +157,7 @@ class Handle:
         with self._mutex:
             if self._loaded is None:
                 if self._resolved is None:
+                    self._watch(before_build=True)
                     self._record(resolve_entry(self._opts))
                 with entry_in_use(self._entry.path):
                     loaded = load_entry(self._entry)
@@ -179,11 +181,22 @@ class Handle:
         glue = self._device.attach(str(loaded.entry.artifact), self._glue, self._mark_stale)
         self.__dict__["_glue"] = glue
 
-    def _watch(self) -> None:
-        if self._opts.reload:  # reload() checks through the key and needs no file list
-            from .watch import watch
+    def _watch(self, *, before_build: bool = False, failed: bool = False) -> None:
+        """Reload on save: watch the sources and the headers the build read. Before the
+        first build and after a failed one, any file in their directories (the headers
+        are not known yet, or one may be missing); a build during which a file changed
+        (the cache keeps it for no one) makes the next access check again."""
+        if not self._opts.reload:  # reload() checks through the key and needs no file list
+            return
+        from .watch import watch
 
-            watch(self, [str(p) for p in self._opts.paths] + list(self._entry.manifest.get("headers", {})))
+        if before_build or failed:
+            watch(self, [str(p) for p in self._opts.paths] + list(self._files), whole_dirs=True)
+            return
+        manifest = self._entry.manifest
+        watch(self, [str(p) for p in self._opts.paths] + list(manifest.get("headers", {})))
+        if manifest.get("changed_during_build"):
+            self._mark_stale()
 
     def _drop_ops(self) -> None:
         for attr in [a for a in list(self.__dict__) if not a.startswith("_")]:  # list(): atomic copy
@@ -215,6 +228,7 @@ class Handle:
                     self._bind_device_code(loaded)
             except (KloadError, OSError) as e:
                 self._say_failed(e)
+                self._watch(failed=True)
                 return False
             self.__dict__["_last_error"] = None
             self._record(resolved)
@@ -250,8 +264,8 @@ class Handle:
                 + (", ".join(names) if names else "(nothing)")
             )
         self.__dict__[attr] = value
-        if self._stale:  # the watcher marked a save meanwhile (after its drop): do not keep serving this
-            self.__dict__.pop(attr, None)
+        if self._stale or self._loaded is not loaded:  # a save marked meanwhile (after the watcher's drop),
+            self.__dict__.pop(attr, None)              # or another thread's rebuild: keep none of it
         return value
 
     def __setattr__(self, attr, value):

@@ -138,6 +138,8 @@ class CudaModule:
             try:
                 self._images[t] = self._load(t)
             except CompileError as e:
+                if "_files" in self.__dict__:  # reload on save: a header it lacks may appear beside the others
+                    watch.watch(self, self._files, whole_dirs=True)
                 if t not in self._images:
                     raise
                 if str(e) not in self._said_failed:

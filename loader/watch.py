@@ -26,8 +26,9 @@ def _norm(path: str) -> str:
 
 def _changed(paths: set[str]) -> None:
     try:
+        dirs = {os.path.dirname(p) for p in paths}
         for handle in list(_handles):
-            if paths & handle._files:
+            if paths & handle._files or dirs & handle._dirs:
                 handle._mark_stale()
     except Exception as e:  # noqa: BLE001 - the watcher thread must survive anything
         log.warning("kload: file watcher: %s", e)
@@ -49,11 +50,15 @@ def _make_handler():
     return Handler()
 
 
-def watch(handle, files) -> None:
-    """Mark ``handle`` stale whenever one of ``files`` is written, replaced or removed."""
+def watch(handle, files, *, whole_dirs: bool = False) -> None:
+    """Mark ``handle`` stale whenever one of ``files`` is written, replaced or removed;
+    with ``whole_dirs``, any file in their directories (while the files a build reads
+    are not known yet: during a first build, after a failed one, which may have missed
+    a header that does not exist yet)."""
     global _observer, _handler
     files = {_norm(f) for f in files}
     handle.__dict__["_files"] = files
+    handle.__dict__["_dirs"] = {os.path.dirname(f) for f in files} if whole_dirs else set()
     with _lock:
         try:
             if _observer is None:

@@ -19,7 +19,7 @@ import torch
 import kload
 from kload.cache.store import Store
 
-from conftest import EXAMPLES, VECTOR_ADD, compiles, invocations, raises_in_child, run_py, write
+from conftest import EXAMPLES, VECTOR_ADD, compiles, invocations, last_json, raises_in_child, run_code, run_py, write
 
 
 def entries(cache: Path) -> set[str]:
@@ -444,6 +444,54 @@ def test_header_rewrite_with_same_size_and_mtime_is_still_seen(vadd_dir):
     os.utime(header, ns=(st.st_atime_ns, st.st_mtime_ns))
     assert header.stat().st_size == st.st_size and header.stat().st_mtime_ns == st.st_mtime_ns
     assert run_py(probe) == [10.0]
+
+
+RACY = """\
+    #include <kload/stable.h>
+    #include "factor.h"
+    kload::Tensor racy(const kload::Tensor& x) {
+      kload::Tensor xc = kload::as_contiguous(x), out = kload::empty_like(xc);
+      for (int64_t i = 0; i < xc.numel(); ++i) out.mutable_data_ptr<float>()[i] = FACTOR * xc.const_data_ptr<float>()[i];
+      return out;
+    }
+    KLOAD_LIBRARY(m) { m.def("racy(Tensor x) -> Tensor"); }
+    KLOAD_IMPL(CPU, m) { m.impl("racy", TORCH_BOX(&racy)); }
+"""
+
+
+def test_a_header_saved_during_the_build_is_not_cached_under_its_new_bytes(tmp_path):
+    # Its own builds: a compiler that saves the header right after it read it (a user's save
+    # during a build) cannot be shared. Without the "too new" rule the entry's key said 3.0
+    # (the header hashed after the build) and its code 2.0: every later process got 2.0.
+    write(tmp_path / "factor.h", "#define FACTOR 2.0f\n")
+    src = write(tmp_path / "racy.cpp", RACY)
+    flag, log = tmp_path / "save-now", tmp_path / "calls.log"
+    cxx = write(tmp_path / "saving-c++", f"""\
+        #!/bin/sh
+        echo "$*" >> "{log}"
+        c++ "$@"; rc=$?
+        case "$*" in *racy.cpp*) if [ -e "{flag}" ]; then rm "{flag}"; echo '#define FACTOR 3.0f' > "{tmp_path / 'factor.h'}"; fi ;; esac
+        exit $rc
+    """)
+    cxx.chmod(0o755)
+    flag.touch()
+    env = {"CXX": str(cxx), "KLOAD_CACHE_DIR": str(tmp_path / "cache")}
+    probe = f"""
+        import json, torch, kload
+        ops = kload.load({str(src)!r}, reload=True)
+        first, path = ops.racy(torch.ones(2)).tolist(), ops.build()
+        print(json.dumps({{"out": [first, ops.racy(torch.ones(2)).tolist()], "path": [path, ops.build()]}}))
+    """
+    proc = run_code(probe, env=env)
+    during = last_json(proc)
+    assert not flag.exists(), "the compiler saved the header"
+    # what it compiled ran first; the handle knew the build stood for no file's bytes and built again
+    assert during["out"] == [[2.0, 2.0], [3.0, 3.0]]
+    assert "factor.h changed while racy compiled; this build is not reused" in proc.stderr, proc.stderr
+    assert compiles(log, "racy.cpp") == 2
+    after = run_py(probe, env=env)  # a fresh process: the second build, from the cache
+    assert after["out"] == [[3.0, 3.0], [3.0, 3.0]], "the header's new bytes must reach the binary"
+    assert after["path"] == [during["path"][1]] * 2 and compiles(log, "racy.cpp") == 2
 
 
 def test_a_function_aten_lacks_is_a_compile_error_at_its_line(tmp_path):
