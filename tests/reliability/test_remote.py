@@ -395,6 +395,21 @@ def test_when_the_holders_build_fails_the_waiter_stops_waiting_and_builds(tmp_pa
     assert compiles(cxx[1]) == 2
 
 
+def test_a_build_during_which_its_source_was_saved_is_not_uploaded(tmp_path, server, src, cxx):
+    # its own build: a compiler that saves the source right after compiling it (no node could use the
+    # build, whose key stands for no file's bytes; uploaded, it would only make waiters wait)
+    saving = write(tmp_path / "saving-c++", f"""\
+        #!/bin/sh
+        "{cxx[0]}" "$@"; rc=$?
+        case "$*" in *" -c "*sm.cpp*) touch "{src}" ;; esac
+        exit $rc
+    """)
+    saving.chmod(0o755)
+    out, err = run(src, node_env(tmp_path / "a", server.url, (saving, cxx[1])))
+    assert out == RIGHT and "changed while sm compiled" in err and "kload: uploaded" not in err, err
+    assert compiles(cxx[1]) == 1 and not server.client.keys(PREFIX + "man:*")
+
+
 class Silent:
     """A TCP port that accepts connections and never answers (a hung server)."""
 
