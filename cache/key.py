@@ -67,6 +67,11 @@ def unchanged(path: str, sha256: str, stamp: list | None, st: os.stat_result | N
     return file_sha256(path) == sha256
 
 
+# What a build during which a file changed records in place of that file's hash (loader/build.py): no
+# file hashes so, so no lookup finds the entry again; unique per build (a suffix), so two never share a key.
+CHANGED_MARK = "changed while compiled, build "
+
+
 _file_memo: dict[str, tuple[tuple, str]] = {}
 
 

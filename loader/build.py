@@ -15,7 +15,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from kload.cache.key import file_sha256, full_key, settled, stamp_of, stat_stamp
+from kload.cache.key import CHANGED_MARK, file_sha256, full_key, settled, stamp_of, stat_stamp
 from kload.cache.store import Store, move_aside, read_json, write_atomic, write_json_atomic
 
 from . import knobs, linking, pch, toolchain, torchbuild
@@ -67,26 +67,25 @@ def header_closure(ws: Path, plan: Plan, deps: dict[str, list[str]], pchs: pch.P
         except OSError:
             st = None
         digest = file_sha256(p)
-        if st is None or digest is None:
-            raise KloadError(f"kload: a header the build read is unreadable now: {p}")
+        if st is None or digest is None:  # deleted (or made unreadable) since: changed_during_build says so
+            headers[p], stamps[p] = "", None
+            continue
         headers[p] = digest
         # written meanwhile, or too recently for a stamp to stand for its bytes: lookups hash it
         stamps[p] = stamp_of(st) if settled(st) and stat_stamp(p) == stamp_of(st) else None
     return headers, stamps
 
 
-# In place of the hash of a file that changed during its build: no file hashes so, so no lookup finds
-# the entry again; unique per build, so two such builds never share a key (and an entry).
-CHANGED = "changed while compiled, build {}"
-
-
 def changed_during_build(plan: Plan, headers: dict[str, str], since_ns: int) -> list[str]:
-    """The sources and headers written after the build started (ccache's "too new"
-    rule): the compiler may have read either version, so the build stands for neither.
-    A write before the start cannot count: a file's timestamps come from a clock that
-    lags the real one, never leads it. A source is also compared with the bytes its
-    key was made of (hashed before the compile)."""
+    """The sources and headers written (or deleted) after the build started (ccache's
+    "too new" rule): the compiler may have read either version, so the build stands for
+    neither. ctime, which every write sets and no call can set back (tar, rsync and
+    ``cp -p`` set mtime): a write before the start cannot count, since file times come
+    from a clock that lags the real one, never leads it; a ctime past now is another
+    clock's (a network file system's server), not a write. A source is also compared
+    with the bytes its key was made of (hashed before the compile)."""
     shas = {str(s.path): s.sha256 for s in plan.sources.sources if s.path in plan.built}
+    now_ns = time.time_ns()
     out = []
     for p in sorted(set(headers) | set(shas)):
         try:
@@ -94,7 +93,8 @@ def changed_during_build(plan: Plan, headers: dict[str, str], since_ns: int) -> 
         except OSError:
             out.append(p)
             continue
-        if st.st_ctime_ns >= since_ns or st.st_mtime_ns >= since_ns or (p in shas and file_sha256(p) != shas[p]):
+        if since_ns <= st.st_ctime_ns <= now_ns or not headers.get(p, "-") or (
+                p in shas and file_sha256(p) != shas[p]):
             out.append(p)
     return out
 
@@ -251,22 +251,24 @@ def _compile(plan: Plan, store: Store, ws: Path, link: list[str]) -> Compiled:
         raise
     finally:
         pchs.start_missing()  # the next edit compiles with them
-    if plan.sources.stable:
-        torchbuild.check_stable_imports(artifact, name)
-    headers, stamps = header_closure(ws, plan, deps, pchs)
-    record = {**headers, **{str(s.path): s.sha256 for s in plan.sources.sources if s.path in plan.built}}
-    changed = changed_during_build(plan, headers, since_ns)
-    if changed:  # this process runs the build; no later lookup finds it, the next build recompiles
-        from .progress import say
+    try:
+        if plan.sources.stable:
+            torchbuild.check_stable_imports(artifact, name)
+        headers, stamps = header_closure(ws, plan, deps, pchs)
+        record = {**headers, **{str(s.path): s.sha256 for s in plan.sources.sources if s.path in plan.built}}
+        changed = changed_during_build(plan, headers, since_ns)
+        if changed:  # this process runs the build; no later lookup finds it, the next build recompiles
+            from .progress import say
 
-        say(f"kload: {', '.join(changed)} changed while {name} compiled; this build is not reused (the next "
-            "load compiles again)", warning=True)
-        mark = CHANGED.format(uuid.uuid4().hex)
-        for p in changed:
-            headers[p] = record[p] = mark
-            stamps[p] = None
-    write_json_atomic(ws / RECORD, record)
-    os.unlink(ws / BUILDING)
+            say(f"kload: {', '.join(changed)} changed while {name} compiled; this build is not reused (the next "
+                "load compiles again)", warning=True)
+            mark = CHANGED_MARK + uuid.uuid4().hex
+            for p in changed:
+                headers[p] = record[p] = mark
+                stamps[p] = None
+        write_json_atomic(ws / RECORD, record)
+    finally:
+        os.unlink(ws / BUILDING)  # finished, well or not: the directory is valid (not an interrupted build)
     inputs = plan.key_inputs()
     return Compiled(artifact, full_key(plan.skey, headers), headers, stamps, seconds=seconds, manifest={
         "namespace": namespace,

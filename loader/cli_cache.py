@@ -229,7 +229,7 @@ def select_entries(store, names, every: bool, latest: bool) -> list:
         raise KloadError("kload: cache export needs NAMEs (library names or key prefixes) or --all")
     chosen = []
     for n in names:
-        same = [e for e in libs if e.manifest.get("name") == n]
+        same = [e for e in libs if e.manifest.get("name") == n and not e.manifest.get("changed_during_build")]
         if same and latest:
             same = [max(same, key=lambda e: e.manifest.get("created", 0.0))]
         chosen += same or [_find(store, n)]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import time
 
-from kload.cache.key import file_sha256
+from kload.cache.key import CHANGED_MARK, file_sha256
 from kload.cache.store import Entry, Store, read_json
 
 from .plan import Plan
@@ -101,7 +101,9 @@ def explain_plan(plan: Plan, store: Store) -> Explanation:
         reasons = []
         for path, sha in cand.get("headers", {}).items():
             now = file_sha256(path)
-            if now is None:
+            if sha.startswith(CHANGED_MARK):  # that build stands for no file's bytes (build.py)
+                reasons.append(f"{_short(path, base)} was saved while the last build compiled")
+            elif now is None:
                 reasons.append(f"header {_short(path, base)} is gone")
             elif now != sha:
                 reasons.append(f"header {_short(path, base)} changed")

@@ -157,7 +157,7 @@ class Handle:
         with self._mutex:
             if self._loaded is None:
                 if self._resolved is None:
-                    self._watch(before_build=True)
+                    self._watch(whole_dirs=True)
                     self._record(resolve_entry(self._opts))
                 with entry_in_use(self._entry.path):
                     loaded = load_entry(self._entry)
@@ -181,16 +181,16 @@ class Handle:
         glue = self._device.attach(str(loaded.entry.artifact), self._glue, self._mark_stale)
         self.__dict__["_glue"] = glue
 
-    def _watch(self, *, before_build: bool = False, failed: bool = False) -> None:
-        """Reload on save: watch the sources and the headers the build read. Before the
-        first build and after a failed one, any file in their directories (the headers
-        are not known yet, or one may be missing); a build during which a file changed
-        (the cache keeps it for no one) makes the next access check again."""
+    def _watch(self, *, whole_dirs: bool = False) -> None:
+        """Reload on save: watch the sources and the headers the build read. From the start
+        of a build until one succeeds, any source-like file in their directories (the headers
+        are not known yet, or one may be missing); a build during which a file changed (the
+        cache keeps it for no one) makes the next access check again."""
         if not self._opts.reload:  # reload() checks through the key and needs no file list
             return
         from .watch import watch
 
-        if before_build or failed:
+        if whole_dirs:
             watch(self, [str(p) for p in self._opts.paths] + list(self._files), whole_dirs=True)
             return
         manifest = self._entry.manifest
@@ -219,16 +219,18 @@ class Handle:
             if self._loaded is None:  # never loaded: the first access builds anyway
                 self.__dict__["_resolved"] = None
                 return False
+            self._watch(whole_dirs=True)  # a save during this build, or after it fails, is seen
             try:
                 resolved = resolve_entry(self._opts)
-                if resolved.entry.key == self._entry.key:
+                if resolved.entry.key == self._entry.key:  # e.g. a broken edit undone: all is as loaded
+                    self.__dict__["_last_error"] = None
+                    self._watch()
                     return False
                 with entry_in_use(resolved.entry.path):
                     loaded = load_entry(resolved.entry)
                     self._bind_device_code(loaded)
             except (KloadError, OSError) as e:
-                self._say_failed(e)
-                self._watch(failed=True)
+                self._say_failed(e)  # (the directories stay watched whole)
                 return False
             self.__dict__["_last_error"] = None
             self._record(resolved)

@@ -134,11 +134,14 @@ class CudaModule:
     def _swap(self, targets: set, target: str) -> Image:
         """Compile or look up ``targets``; a failure keeps each target's last good image
         and is reported once (raised if there is none)."""
+        reloading = "_files" in self.__dict__
+        if reloading:  # a save during the compile, or after it fails, is seen (the next good one narrows it)
+            watch.watch(self, self._files, whole_dirs=True)
         for t in sorted(targets):
             try:
                 self._images[t] = self._load(t)
             except CompileError as e:
-                if "_files" in self.__dict__:  # reload on save: a header it lacks may appear beside the others
+                if reloading:  # a header it lacks may appear beside the others
                     watch.watch(self, self._files, whole_dirs=True)
                 if t not in self._images:
                     raise

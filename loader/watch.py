@@ -24,9 +24,20 @@ def _norm(path: str) -> str:
     return os.path.normpath(os.path.abspath(path))
 
 
+# What counts as a save in a directory watched whole: sources and headers (a standard-style header has
+# no suffix), not an editor's swap, backup or lock files, a notebook's autosave or a log.
+SOURCE_LIKE = {".c", ".cc", ".cpp", ".cxx", ".c++", ".cu", ".h", ".hh", ".hpp", ".hxx", ".h++", ".cuh", ".inc",
+               ".inl", ".ipp", ".tcc", ".tpp", ".def", ""}
+
+
+def _source_like(path: str) -> bool:
+    name = os.path.basename(path)
+    return not name.startswith((".", "#")) and not name.endswith("~") and os.path.splitext(name)[1] in SOURCE_LIKE
+
+
 def _changed(paths: set[str]) -> None:
     try:
-        dirs = {os.path.dirname(p) for p in paths}
+        dirs = {os.path.dirname(p) for p in paths if _source_like(p)}
         for handle in list(_handles):
             if paths & handle._files or dirs & handle._dirs:
                 handle._mark_stale()

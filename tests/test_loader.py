@@ -19,7 +19,8 @@ import torch
 import kload
 from kload.cache.store import Store
 
-from conftest import EXAMPLES, VECTOR_ADD, compiles, invocations, last_json, raises_in_child, run_code, run_py, write
+from conftest import (EXAMPLES, VECTOR_ADD, compiles, invocations, kload_cli, last_json, raises_in_child, run_code,
+                      run_py, write)
 
 
 def entries(cache: Path) -> set[str]:
@@ -462,23 +463,26 @@ RACY = """\
 def test_a_header_saved_during_the_build_is_not_cached_under_its_new_bytes(tmp_path):
     # Its own builds: a compiler that saves the header right after it read it (a user's save
     # during a build) cannot be shared. Without the "too new" rule the entry's key said 3.0
-    # (the header hashed after the build) and its code 2.0: every later process got 2.0.
-    write(tmp_path / "factor.h", "#define FACTOR 2.0f\n")
-    src = write(tmp_path / "racy.cpp", RACY)
+    # (the header hashed after the build) and its code 2.0: every later process got 2.0. The
+    # header lives in an -I directory, which a first build does not watch: the handle learns
+    # of the save from its build alone.
+    inc, header = tmp_path / "inc", tmp_path / "inc" / "factor.h"
+    write(header, "#define FACTOR 2.0f\n")
+    src = write(tmp_path / "src" / "racy.cpp", RACY)
     flag, log = tmp_path / "save-now", tmp_path / "calls.log"
     cxx = write(tmp_path / "saving-c++", f"""\
         #!/bin/sh
         echo "$*" >> "{log}"
         c++ "$@"; rc=$?
-        case "$*" in *racy.cpp*) if [ -e "{flag}" ]; then rm "{flag}"; echo '#define FACTOR 3.0f' > "{tmp_path / 'factor.h'}"; fi ;; esac
+        case "$*" in *racy.cpp*) if [ -e "{flag}" ]; then rm "{flag}"; echo "$SAVE" > "{header}"; fi ;; esac
         exit $rc
     """)
     cxx.chmod(0o755)
     flag.touch()
-    env = {"CXX": str(cxx), "KLOAD_CACHE_DIR": str(tmp_path / "cache")}
+    env = {"CXX": str(cxx), "KLOAD_CACHE_DIR": str(tmp_path / "cache"), "SAVE": "#define FACTOR 3.0f"}
     probe = f"""
         import json, torch, kload
-        ops = kload.load({str(src)!r}, reload=True)
+        ops = kload.load({str(src)!r}, extra_include_paths=[{str(inc)!r}], reload=True)
         first, path = ops.racy(torch.ones(2)).tolist(), ops.build()
         print(json.dumps({{"out": [first, ops.racy(torch.ones(2)).tolist()], "path": [path, ops.build()]}}))
     """
@@ -492,6 +496,11 @@ def test_a_header_saved_during_the_build_is_not_cached_under_its_new_bytes(tmp_p
     after = run_py(probe, env=env)  # a fresh process: the second build, from the cache
     assert after["out"] == [[3.0, 3.0], [3.0, 3.0]], "the header's new bytes must reach the binary"
     assert after["path"] == [during["path"][1]] * 2 and compiles(log, "racy.cpp") == 2
+    # a prebuild during which the header is saved caches nothing usable: it fails, and says why
+    write(header, "#define FACTOR 4.0f\n")
+    flag.touch()
+    cli = kload_cli("build", src, "-I", inc, env={**env, "SAVE": "#define FACTOR 5.0f"})
+    assert cli.returncode == 1 and "factor.h changed while it compiled; nothing usable was cached" in cli.stderr
 
 
 def test_a_function_aten_lacks_is_a_compile_error_at_its_line(tmp_path):
