@@ -45,12 +45,33 @@ def _changed(paths: set[str]) -> None:
         log.warning("kload: file watcher: %s", e)
 
 
+def _lost(d: str) -> None:
+    """A watched directory was deleted (a ``git checkout`` that removes it): its watch ended
+    with it. Forget it, so that the next ``watch()`` there schedules it again (a rebuild's, at
+    the handles' next access: they are marked stale here)."""
+    with _lock:
+        w = _watched_dirs.pop(d, None)
+        if w is None:
+            return
+        try:
+            _observer.unschedule(w)  # (watchdog allows it from a handler)
+        except Exception:  # noqa: BLE001 - already gone: nothing to undo
+            pass
+    for handle in list(_handles):
+        if any(os.path.dirname(f) == d for f in handle._files):
+            handle._mark_stale()
+
+
 def _make_handler():
     from watchdog.events import FileSystemEventHandler
 
     class Handler(FileSystemEventHandler):
         def on_any_event(self, event):
-            if event.is_directory or event.event_type in ("opened", "closed_no_write"):
+            if event.is_directory:
+                if event.event_type == "deleted":
+                    _lost(_norm(event.src_path))
+                return
+            if event.event_type in ("opened", "closed_no_write"):
                 return
             paths = {_norm(event.src_path)}
             dest = getattr(event, "dest_path", "")

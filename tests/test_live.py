@@ -12,7 +12,7 @@ from nbclient import NotebookClient
 
 import kload
 
-from conftest import EXAMPLES, compiles, last_json, run_code, run_py, write
+from conftest import EXAMPLES, compiles, last_json, run_code, run_py, tiny, write
 
 OP = """\
     #include <kload/kernel.h>
@@ -104,6 +104,42 @@ PYBIND = """\
     int answer() {{ return {value}; }}
     PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {{ m.def("answer", &answer); }}
 """
+
+
+def test_a_directory_deleted_and_created_again_is_watched_again(tmp_path):
+    # its own directory to delete (three stable-ABI builds, ~1.5 s each): a git checkout that
+    # removes the kernel's folder and writes it back ended its watch, and later saves went unseen
+    d = tmp_path / "kernel"
+    tiny(d, "grow", factor=2)
+    out = run_py(f"""
+        import json, shutil, time, torch, kload
+        from pathlib import Path
+        d = Path({str(d)!r})
+        ops = kload.load(d / "grow.cpp", reload=True)
+
+        def after(save):
+            save()
+            deadline = time.monotonic() + 60
+            while not (ops.__dict__["_stale"] and "grow" not in ops.__dict__):
+                assert time.monotonic() < deadline, "the watcher never saw the save"
+                time.sleep(0.01)
+            return ops.grow(torch.ones(1)).tolist()
+
+        text = (d / "grow.cpp").read_text()
+        seen = [ops.grow(torch.ones(1)).tolist()]
+
+        def checkout():
+            shutil.rmtree(d)
+            d.mkdir()
+            (d / "grow.cpp").write_text(text.replace("2 *", "3 *"))
+
+        seen.append(after(checkout))
+        time.sleep(0.5)  # the deletion's own events all handled (each marks the handle again)
+        ops.grow
+        seen.append(after(lambda: (d / "grow.cpp").write_text(text.replace("2 *", "4 *"))))
+        print(json.dumps(seen))
+    """)
+    assert out == [[2.0], [3.0], [4.0]]
 
 
 def test_reload_of_a_pybind11_module_and_explicit_reload(tmp_path):
