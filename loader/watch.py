@@ -49,17 +49,20 @@ def _lost(d: str) -> None:
     """A watched directory was deleted (a ``git checkout`` that removes it): its watch ended
     with it. Forget it, so that the next ``watch()`` there schedules it again (a rebuild's, at
     the handles' next access: they are marked stale here)."""
-    with _lock:
-        w = _watched_dirs.pop(d, None)
-        if w is None:
-            return
-        try:
-            _observer.unschedule(w)  # (watchdog allows it from a handler)
-        except Exception:  # noqa: BLE001 - already gone: nothing to undo
-            pass
-    for handle in list(_handles):
-        if any(os.path.dirname(f) == d for f in handle._files):
-            handle._mark_stale()
+    try:
+        with _lock:
+            w = _watched_dirs.pop(d, None)
+            if w is None:
+                return
+            try:
+                _observer.unschedule(w)  # (watchdog allows it from a handler)
+            except KeyError:  # already gone: nothing to undo
+                pass
+        for handle in list(_handles):
+            if any(os.path.dirname(f) == d for f in handle._files):
+                handle._mark_stale()
+    except Exception as e:  # noqa: BLE001 - the watcher thread must survive anything
+        log.warning("kload: file watcher: %s", e)
 
 
 def _make_handler():
