@@ -267,8 +267,10 @@ def _compile(plan: Plan, store: Store, ws: Path, link: list[str]) -> Compiled:
                 headers[p] = record[p] = mark
                 stamps[p] = None
         write_json_atomic(ws / RECORD, record)
-    finally:
-        os.unlink(ws / BUILDING)  # finished, well or not: the directory is valid (not an interrupted build)
+    except (KloadError, OSError):
+        os.unlink(ws / BUILDING)  # finished, if not well: the directory is valid (not an interrupted build)
+        raise
+    os.unlink(ws / BUILDING)
     inputs = plan.key_inputs()
     return Compiled(artifact, full_key(plan.skey, headers), headers, stamps, seconds=seconds, manifest={
         "namespace": namespace,

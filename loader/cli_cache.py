@@ -229,7 +229,12 @@ def select_entries(store, names, every: bool, latest: bool) -> list:
         raise KloadError("kload: cache export needs NAMEs (library names or key prefixes) or --all")
     chosen = []
     for n in names:
-        same = [e for e in libs if e.manifest.get("name") == n and not e.manifest.get("changed_during_build")]
+        same = [e for e in libs if e.manifest.get("name") == n]
+        usable = [e for e in same if not e.manifest.get("changed_during_build")]
+        if same and not usable:
+            raise KloadError(f"kload: every build of {n} in {store.root} had a file saved while it compiled "
+                             "(no load would find it): load or build it again, then export")
+        same = usable
         if same and latest:
             same = [max(same, key=lambda e: e.manifest.get("created", 0.0))]
         chosen += same or [_find(store, n)]

@@ -38,6 +38,7 @@ class Handle:
         d["_files"] = set()       # what the watcher looks at (sources + local headers), if watched
         d["_dirs"] = set()        # ... and directories it looks at whole (watch.py)
         d["_last_error"] = None   # the rebuild error reported last (each is reported once)
+        d["_device_error"] = None  # the same for the device code's (device_code=)
         d["_device"] = None       # device_code=: the live_glue.Server of its CudaModule, made at the first load
         d["_glue"] = None         # the loaded build's kernel slots that server binds
 
@@ -96,8 +97,9 @@ class Handle:
             changed = self._device.module.reload()
             if not changed:
                 self._device.bind()  # one an earlier failure left undone (nothing, when bound)
+            self.__dict__["_device_error"] = None
         except KloadError as e:  # as a failed rebuild: said once, the last good kernels keep serving
-            self._say_failed(e)
+            self._say_failed(e, "_device_error")
             changed = False
         if self._stale:  # the device code's edit lets a waiting build of the glue try again
             rebuilt = self._refresh() or rebuilt
@@ -243,12 +245,12 @@ class Handle:
             self._watch()
             return True
 
-    def _say_failed(self, e: Exception) -> None:
+    def _say_failed(self, e: Exception, slot: str = "_last_error") -> None:
         text = str(e)
-        if text != self._last_error:
+        if text != self.__dict__[slot]:
             from .progress import say
 
-            self.__dict__["_last_error"] = text
+            self.__dict__[slot] = text
             say(f"kload: rebuilding {self._opts.name} failed; still running the last good build.\n{text}",
                 error=True)
 

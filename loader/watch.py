@@ -17,6 +17,7 @@ _lock = threading.Lock()
 _observer = None
 _handler = None
 _watched_dirs: dict[str, object] = {}               # directory -> watchdog watch
+_ended: list = []                                    # watches of deleted folders, to unschedule
 _handles: "weakref.WeakSet" = weakref.WeakSet()      # handles that reload on save
 
 
@@ -30,14 +31,15 @@ SOURCE_LIKE = {".c", ".cc", ".cpp", ".cxx", ".c++", ".cu", ".h", ".hh", ".hpp", 
                ".inl", ".ipp", ".tcc", ".tpp", ".def", ""}
 
 
-def _source_like(path: str) -> bool:
+def source_like(path: str) -> bool:
+    """Whether a save of ``path`` can change a build (its name, not its contents)."""
     name = os.path.basename(path)
     return not name.startswith((".", "#")) and not name.endswith("~") and os.path.splitext(name)[1] in SOURCE_LIKE
 
 
 def _changed(paths: set[str]) -> None:
     try:
-        dirs = {os.path.dirname(p) for p in paths if _source_like(p)}
+        dirs = {os.path.dirname(p) for p in paths if source_like(p)}
         for handle in list(_handles):
             if paths & handle._files or dirs & handle._dirs:
                 handle._mark_stale()
@@ -45,21 +47,21 @@ def _changed(paths: set[str]) -> None:
         log.warning("kload: file watcher: %s", e)
 
 
-def _lost(d: str) -> None:
-    """A watched directory was deleted (a ``git checkout`` that removes it): its watch ended
-    with it. Forget it, so that the next ``watch()`` there schedules it again (a rebuild's, at
-    the handles' next access: they are marked stale here)."""
+def _folder_event(d: str, deleted: bool) -> None:
+    """A folder was deleted (a ``git checkout`` that removes it) or created. A deleted watched
+    folder's watch ended with it: it is forgotten (unscheduled by the next ``watch()``, which
+    holds the lock; this thread takes none, since older watchdogs call handlers under their
+    own lock). Handles with files in or under ``d`` are marked stale: their next access
+    watches again, the folder itself once it exists, or its nearest existing parent."""
     try:
-        with _lock:
-            w = _watched_dirs.pop(d, None)
-            if w is None:
-                return
-            try:
-                _observer.unschedule(w)  # (watchdog allows it from a handler)
-            except KeyError:  # already gone: nothing to undo
-                pass
+        if deleted:
+            w = _watched_dirs.get(d)
+            if w is not None:
+                _ended.append(w)  # before the pop: a watch() that sees it gone unschedules it first
+                _watched_dirs.pop(d, None)
+        under = d + os.sep
         for handle in list(_handles):
-            if any(os.path.dirname(f) == d for f in handle._files):
+            if any(f.startswith(under) for f in handle._files):
                 handle._mark_stale()
     except Exception as e:  # noqa: BLE001 - the watcher thread must survive anything
         log.warning("kload: file watcher: %s", e)
@@ -71,8 +73,11 @@ def _make_handler():
     class Handler(FileSystemEventHandler):
         def on_any_event(self, event):
             if event.is_directory:
-                if event.event_type == "deleted":
-                    _lost(_norm(event.src_path))
+                if event.event_type in ("deleted", "created"):
+                    _folder_event(_norm(event.src_path), event.event_type == "deleted")
+                elif event.event_type == "moved":
+                    _folder_event(_norm(event.src_path), True)
+                    _folder_event(_norm(event.dest_path), False)
                 return
             if event.event_type in ("opened", "closed_no_write"):
                 return
@@ -87,9 +92,10 @@ def _make_handler():
 
 def watch(handle, files, *, whole_dirs: bool = False) -> None:
     """Mark ``handle`` stale whenever one of ``files`` is written, replaced or removed;
-    with ``whole_dirs``, any file in their directories (while the files a build reads
-    are not known yet: during a first build, after a failed one, which may have missed
-    a header that does not exist yet)."""
+    with ``whole_dirs``, any source-like file in their directories (from the start of a
+    build until one succeeds: the files a build reads are not known before it, and a
+    failed one may lack a header that does not exist yet). A folder that does not exist
+    is awaited from its nearest existing parent."""
     global _observer, _handler
     files = {_norm(f) for f in files}
     handle.__dict__["_files"] = files
@@ -103,8 +109,15 @@ def watch(handle, files, *, whole_dirs: bool = False) -> None:
                 _observer.daemon = True
                 _observer.start()
                 _handler = _make_handler()
+            while _ended:  # watches that ended with their folder (_folder_event)
+                try:
+                    _observer.unschedule(_ended.pop())
+                except KeyError:
+                    pass
             for d in sorted({os.path.dirname(f) for f in files}):
-                if d not in _watched_dirs and os.path.isdir(d):
+                while not os.path.isdir(d) and os.path.dirname(d) != d:
+                    d = os.path.dirname(d)  # deleted (a checkout under way): its parent says when it is back
+                if d not in _watched_dirs:
                     _watched_dirs[d] = _observer.schedule(_handler, d, recursive=False)
         except Exception as e:  # noqa: BLE001 - e.g. out of inotify watches: reload() still works
             log.warning("kload: cannot watch %s for changes (%s); call handle.reload() after an edit",

@@ -107,7 +107,7 @@ PYBIND = """\
 
 
 def test_a_directory_deleted_and_created_again_is_watched_again(tmp_path):
-    # its own directory to delete (three stable-ABI builds, ~1.5 s each): a git checkout that
+    # its own directory to delete (four stable-ABI builds, ~1.5 s each): a git checkout that
     # removes the kernel's folder and writes it back ended its watch, and later saves went unseen
     d = tmp_path / "kernel"
     tiny(d, "grow", factor=2)
@@ -137,9 +137,30 @@ def test_a_directory_deleted_and_created_again_is_watched_again(tmp_path):
         time.sleep(0.5)  # the deletion's own events all handled (each marks the handle again)
         ops.grow
         seen.append(after(lambda: (d / "grow.cpp").write_text(text.replace("2 *", "4 *"))))
+        # deleted and used while gone (the last good build serves), written back later: its parent
+        # folder, watched meanwhile, says when
+        seen.append(after(lambda: shutil.rmtree(d)))
+        time.sleep(0.5)
+        ops.grow
+
+        def back():
+            d.mkdir()
+            (d / "grow.cpp").write_text(text.replace("2 *", "5 *"))
+
+        seen.append(after(back))
         print(json.dumps(seen))
     """)
-    assert out == [[2.0], [3.0], [4.0]]
+    assert out == [[2.0], [3.0], [4.0], [4.0], [5.0]]
+
+
+def test_only_sources_and_headers_count_as_saves_in_a_folder_watched_whole():
+    # from a build's start until one succeeds, the sources' folders are watched whole: an editor's
+    # swap file or a notebook's autosave there must not start a compile
+    from kload.watch import source_like
+
+    assert all(map(source_like, ["k.cu", "k.cuh", "a.h", "b.hpp", "vector", "x.inl", "y.cpp", "z.cc", "t.tcc"]))
+    assert not any(map(source_like, [".k.cu.swp", "k.cu~", "#k.cu#", "notes.ipynb", "build.log", ".nfs0001",
+                                     "k.cu.orig", "data.json"]))
 
 
 def test_reload_of_a_pybind11_module_and_explicit_reload(tmp_path):
