@@ -153,6 +153,37 @@ def test_a_directory_deleted_and_created_again_is_watched_again(tmp_path):
     assert out == [[2.0], [3.0], [4.0], [4.0], [5.0]]
 
 
+def test_a_broken_edit_undone_and_made_again_is_reported_again(tmp_path):
+    # its own library (one stable-ABI build; the broken ones fail at once): undoing a broken edit
+    # finds the loaded build again, which must end the failed state (the error said once per spell)
+    tiny(tmp_path, "undo", factor=2)
+    proc = run_code(f"""
+        import json, time, torch, kload
+        from pathlib import Path
+        src = Path({str(tmp_path / "undo.cpp")!r})
+        ops = kload.load(src, reload=True)
+        good = src.read_text()
+
+        def after(text):
+            src.write_text(text)
+            deadline = time.monotonic() + 60
+            while not (ops.__dict__["_stale"] and "undo" not in ops.__dict__):
+                assert time.monotonic() < deadline, "the watcher never saw the save"
+                time.sleep(0.01)
+            out = ops.undo(torch.ones(1)).tolist()
+            time.sleep(0.5)  # the save's later events (close after write) handled
+            ops.undo
+            return out
+
+        seen = [ops.undo(torch.ones(1)).tolist()]
+        for text in (good.replace("return out;", "return out"), good, good.replace("return out;", "return out")):
+            seen.append(after(text))
+        print(json.dumps(seen))
+    """)
+    assert last_json(proc) == [[2.0]] * 4
+    assert proc.stderr.count("rebuilding undo failed") == 2, proc.stderr
+
+
 def test_only_sources_and_headers_count_as_saves_in_a_folder_watched_whole():
     # from a build's start until one succeeds, the sources' folders are watched whole: an editor's
     # swap file or a notebook's autosave there must not start a compile
