@@ -93,6 +93,19 @@ def _wait_background(cache: str, timeout: float = 600) -> None:
         time.sleep(0.5)
 
 
+def cuda_device(script: str) -> str | None:
+    """The GPU's name, after printing what the figures are measured on; None (said) without one."""
+    import torch
+
+    if not torch.cuda.is_available():
+        print(f"{script}: needs a CUDA device")
+        return None
+    dev = torch.cuda.get_device_name()
+    print(f"device: {dev}, torch {torch.__version__}, CUDA {torch.version.cuda}, "
+          f"capability {torch.cuda.get_device_capability()}")
+    return dev
+
+
 def event_seconds(fn, calls: int = 1) -> float:
     """GPU seconds per call of `calls` calls of fn in a row on the current stream, between
     two CUDA events (several calls for kernels of microseconds: one call per event pair

@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 import kload
-from common import event_seconds
+from common import cuda_device, event_seconds
 from kload import kernels
 
 # (warps along N, stages): the default first; (4, 3) is the first version of the kernel
@@ -46,11 +46,9 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="fewer rounds")
     args = parser.parse_args()
-    if not torch.cuda.is_available():
-        print("gemm_shapes.py: needs a CUDA device")
+    if cuda_device("gemm_shapes.py") is None:
         return 1
     rounds = 5 if args.quick else 20
-    print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}")
     with ThreadPoolExecutor(len(SHAPES)) as pool:  # the builds in parallel (ninja uses the cores besides)
         ops = dict(zip(SHAPES, pool.map(build, SHAPES)))
     failed = False

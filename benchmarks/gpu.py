@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from common import event_seconds
+from common import cuda_device, event_seconds
 from kload import kernels
 
 
@@ -103,14 +103,11 @@ def main() -> int:
     parser.add_argument("--out", default=str(Path(__file__).resolve().parent / "out"))
     parser.add_argument("--quick", action="store_true", help="fewer repeats")
     args = parser.parse_args()
-    if not torch.cuda.is_available():
-        print("gpu.py: needs a CUDA device")
+    dev = cuda_device("gpu.py")
+    if dev is None:
         return 1
     rep = 10 if args.quick else 50
     rep_mm = 5 if args.quick else 20
-    dev = torch.cuda.get_device_name()
-    print(f"device: {dev}, torch {torch.__version__}, CUDA {torch.version.cuda}, "
-          f"capability {torch.cuda.get_device_capability()}")
     torch.manual_seed(0)
     rows: list[Row] = []
 

@@ -109,6 +109,12 @@ class Entry:
     def key(self) -> str:
         return self.manifest["key"]
 
+    @property
+    def changed_during_build(self) -> list[str]:
+        """The files saved while it compiled (loader/build.py): the entry served the process that
+        built it, and no lookup finds it (nor should a prebuild, an upload or an export take it)."""
+        return self.manifest.get("changed_during_build") or []
+
     def last_used(self) -> float:
         try:
             return os.stat(self.path / LAST_USED).st_mtime

@@ -56,7 +56,7 @@ def cmd_build(args) -> int:
         raise KloadError("kload: build needs SOURCES (or --pch alone, to precompile <kload/kernel.h>)")
     built = _handle(args).build()
     name = args.name or Path(args.sources[0]).stem
-    changed = built.entry.manifest.get("changed_during_build")
+    changed = built.entry.changed_during_build
     if changed:  # a prebuild no later load can find: say so, as a failure (a script runs it again)
         print(f"kload: {name}: {', '.join(changed)} changed while it compiled; nothing usable was cached, "
               "run the build again", file=sys.stderr)

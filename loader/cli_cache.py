@@ -230,7 +230,7 @@ def select_entries(store, names, every: bool, latest: bool) -> list:
     chosen = []
     for n in names:
         same = [e for e in libs if e.manifest.get("name") == n]
-        usable = [e for e in same if not e.manifest.get("changed_during_build")]
+        usable = [e for e in same if not e.changed_during_build]
         if same and not usable:
             raise KloadError(f"kload: every build of {n} in {store.root} had a file saved while it compiled "
                              "(no load would find it): load or build it again, then export")

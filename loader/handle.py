@@ -195,9 +195,8 @@ class Handle:
         if whole_dirs:
             watch(self, [str(p) for p in self._opts.paths] + list(self._files), whole_dirs=True)
             return
-        manifest = self._entry.manifest
-        watch(self, [str(p) for p in self._opts.paths] + list(manifest.get("headers", {})))
-        if manifest.get("changed_during_build"):
+        watch(self, [str(p) for p in self._opts.paths] + list(self._entry.manifest.get("headers", {})))
+        if self._entry.changed_during_build:
             self._mark_stale()
 
     def _drop_ops(self) -> None:

@@ -149,7 +149,8 @@ class Lease:
         self._thread.join()
         # each step best effort: a failed upload (e.g. the server is full) still marks the build
         # failed, so waiters do not wait for it; an unreleased lease expires within the lease time
-        uploaded = entry is not None and _shareable(entry) and self._quietly(upload, self.r, entry)
+        # (not a build during which a file changed: no node could use it, and its waiters had better build)
+        uploaded = entry is not None and not entry.changed_during_build and self._quietly(upload, self.r, entry)
         if uploaded:
             self._quietly(self.r.clear_failed, self.skey)
         else:
@@ -163,12 +164,6 @@ class Lease:
             set_aside(self.r, e)
             return False
         return True
-
-
-def _shareable(entry: Entry) -> bool:
-    """Not a build during which a file changed (build.py): no node could use it, and its
-    waiters had better build than wait for it."""
-    return not entry.manifest.get("changed_during_build")
 
 
 def upload(r: Remote, entry: Entry) -> None:
@@ -230,7 +225,7 @@ def around_build(plan, store: Store, build) -> tuple[Entry, float]:
         raise
     if lease is not None:
         lease.end(entry)
-    elif server() is r and _shareable(entry):
+    elif server() is r and not entry.changed_during_build:
         try:
             upload(r, entry)
         except Exception as e:  # noqa: BLE001 (the build succeeded: never fail the load over its upload)
