@@ -501,6 +501,14 @@ def test_a_header_saved_during_the_build_is_not_cached_under_its_new_bytes(tmp_p
     flag.touch()
     cli = kload_cli("build", src, "-I", inc, env={**env, "SAVE": "#define FACTOR 5.0f"})
     assert cli.returncode == 1 and "factor.h changed while it compiled; nothing usable was cached" in cli.stderr
+    # no new compile: the flagged builds as explain and export see them. explain names the file
+    # saved mid-build (the nearest build is that one); export takes the one good build only
+    why = kload_cli("explain", src, "-I", inc, env=env)
+    assert why.returncode == 0 and f"{header} was saved while the last build compiled" in why.stdout, why.stdout
+    bundle = tmp_path / "racy.tar"
+    out = kload_cli("cache", "export", "racy", "-o", bundle, env=env)
+    assert out.returncode == 0 and out.stdout.count("exported ") == 1, out.stdout + out.stderr
+    assert f"exported {Path(during['path'][1]).parent.name} " in out.stdout, out.stdout
 
 
 def test_a_function_aten_lacks_is_a_compile_error_at_its_line(tmp_path):
