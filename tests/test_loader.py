@@ -474,7 +474,8 @@ def test_a_header_saved_during_the_build_is_not_cached_under_its_new_bytes(tmp_p
         #!/bin/sh
         echo "$*" >> "{log}"
         c++ "$@"; rc=$?
-        case "$*" in *racy.cpp*) if [ -e "{flag}" ]; then rm "{flag}"; echo "$SAVE" > "{header}"; fi ;; esac
+        case "$*" in *racy.cpp*) if [ -e "{flag}" ]; then rm "{flag}"
+          if [ -n "$SAVE" ]; then echo "$SAVE" > "{header}"; else rm "{header}"; fi; fi ;; esac
         exit $rc
     """)
     cxx.chmod(0o755)
@@ -509,6 +510,13 @@ def test_a_header_saved_during_the_build_is_not_cached_under_its_new_bytes(tmp_p
     out = kload_cli("cache", "export", "racy", "-o", bundle, env=env)
     assert out.returncode == 0 and out.stdout.count("exported ") == 1, out.stdout + out.stderr
     assert f"exported {Path(during['path'][1]).parent.name} " in out.stdout, out.stdout
+    # a header deleted during the build (a branch switch): the compiler read it, no file has those
+    # bytes now; the build says so and caches nothing usable (one more ~1.5 s stable-ABI compile)
+    write(header, "#define FACTOR 6.0f\n")
+    flag.touch()
+    gone = kload_cli("build", src, "-I", inc, env={**env, "SAVE": ""})
+    assert not header.exists(), "the compiler deleted the header"
+    assert gone.returncode == 1 and "factor.h changed while it compiled" in gone.stderr, gone.stdout + gone.stderr
 
 
 def test_a_function_aten_lacks_is_a_compile_error_at_its_line(tmp_path):
