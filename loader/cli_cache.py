@@ -217,8 +217,10 @@ def cmd_clear(args) -> int:
 def select_entries(store, names, every: bool, latest: bool) -> list:
     """``--all``: every library entry. Else each NAME is a library name (all its entries;
     with ``--latest`` the newest build only) or, failing that, a key prefix or entry
-    name as ``cache info`` takes it."""
-    libs = [e for e in store.all_entries() if e.manifest.get("kind", "library") == "library"]
+    name as ``cache info`` takes it. A build during which a file was saved is no one's (no
+    lookup finds it): only its key prefix or entry name takes it."""
+    built = [e for e in store.all_entries() if e.manifest.get("kind", "library") == "library"]
+    libs = [e for e in built if not e.changed_during_build]
     if every:
         if names:
             raise KloadError("kload: cache export takes NAMEs or --all, not both")
@@ -230,11 +232,9 @@ def select_entries(store, names, every: bool, latest: bool) -> list:
     chosen = []
     for n in names:
         same = [e for e in libs if e.manifest.get("name") == n]
-        usable = [e for e in same if not e.changed_during_build]
-        if same and not usable:
+        if not same and any(e.manifest.get("name") == n for e in built):
             raise KloadError(f"kload: every build of {n} in {store.root} had a file saved while it compiled "
                              "(no load would find it): load or build it again, then export")
-        same = usable
         if same and latest:
             same = [max(same, key=lambda e: e.manifest.get("created", 0.0))]
         chosen += same or [_find(store, n)]

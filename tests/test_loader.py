@@ -507,16 +507,24 @@ def test_a_header_saved_during_the_build_is_not_cached_under_its_new_bytes(tmp_p
     why = kload_cli("explain", src, "-I", inc, env=env)
     assert why.returncode == 0 and f"{header} was saved while the last build compiled" in why.stdout, why.stdout
     bundle = tmp_path / "racy.tar"
-    out = kload_cli("cache", "export", "racy", "-o", bundle, env=env)
-    assert out.returncode == 0 and out.stdout.count("exported ") == 1, out.stdout + out.stderr
-    assert f"exported {Path(during['path'][1]).parent.name} " in out.stdout, out.stdout
+    good = Path(during["path"][1]).parent.name
+    for which in ("racy", "--all"):  # (cache push takes entries the same way)
+        out = kload_cli("cache", "export", which, "-o", bundle, env=env)
+        assert out.returncode == 0 and out.stdout.count("exported ") == 1, out.stdout + out.stderr
+        assert f"exported {good} " in out.stdout, out.stdout
     # a header deleted during the build (a branch switch): the compiler read it, no file has those
-    # bytes now; the build says so and caches nothing usable (one more ~1.5 s stable-ABI compile)
+    # bytes now; the build says so and caches nothing usable (one more ~1.5 s stable-ABI compile,
+    # into a cache of its own, where racy then has no build to export)
     write(header, "#define FACTOR 6.0f\n")
     flag.touch()
-    gone = kload_cli("build", src, "-I", inc, env={**env, "SAVE": ""})
+    alone = {**env, "KLOAD_CACHE_DIR": str(tmp_path / "alone")}
+    gone = kload_cli("build", src, "-I", inc, env={**alone, "SAVE": ""})
     assert not header.exists(), "the compiler deleted the header"
     assert gone.returncode == 1 and "factor.h changed while it compiled" in gone.stderr, gone.stdout + gone.stderr
+    none = kload_cli("cache", "export", "racy", "-o", bundle, env=alone)
+    assert none.returncode != 0 and "every build of racy" in none.stderr, none.stdout + none.stderr
+    none = kload_cli("cache", "export", "--all", "-o", bundle, env=alone)
+    assert none.returncode != 0 and "no library entry to export" in none.stderr, none.stdout + none.stderr
 
 
 def test_a_function_aten_lacks_is_a_compile_error_at_its_line(tmp_path):
