@@ -67,9 +67,23 @@ def unchanged(path: str, sha256: str, stamp: list | None, st: os.stat_result | N
     return file_sha256(path) == sha256
 
 
-# What a build during which a file changed records in place of that file's hash (loader/build.py): no
-# file hashes so, so no lookup finds the entry again; unique per build (a suffix), so two never share a key.
+# What a build during which a file changed records in place of that file's hash (loader/build.py,
+# loader/cubin.py): no file hashes so, so no lookup finds the entry again; unique per build (a suffix), so
+# two never share a key.
 CHANGED_MARK = "changed while compiled, build "
+
+
+def written_since(path: str, since_ns: int, now_ns: int) -> bool:
+    """Whether ``path`` was written (or removed) between ``since_ns`` and ``now_ns`` (ccache's
+    "too new" rule, for a file a compile started at ``since_ns`` may have read in either
+    version). ctime, which every write sets and no call can set back (tar, rsync and
+    ``cp -p`` set mtime): a write before the start cannot count, since file times come from
+    a clock that lags the real one, never leads it; a ctime past now is another clock's (a
+    network file system's server), not a write."""
+    try:
+        return since_ns <= os.stat(path).st_ctime_ns <= now_ns
+    except OSError:
+        return True
 
 
 _file_memo: dict[str, tuple[tuple, str]] = {}

@@ -15,7 +15,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from kload.cache.key import CHANGED_MARK, file_sha256, full_key, settled, stamp_of, stat_stamp
+from kload.cache.key import CHANGED_MARK, file_sha256, full_key, settled, stamp_of, stat_stamp, written_since
 from kload.cache.store import Store, move_aside, read_json, write_atomic, write_json_atomic
 
 from . import knobs, linking, pch, toolchain, torchbuild
@@ -77,26 +77,14 @@ def header_closure(ws: Path, plan: Plan, deps: dict[str, list[str]], pchs: pch.P
 
 
 def changed_during_build(plan: Plan, headers: dict[str, str], since_ns: int) -> list[str]:
-    """The sources and headers written (or deleted) after the build started (ccache's
-    "too new" rule): the compiler may have read either version, so the build stands for
-    neither. ctime, which every write sets and no call can set back (tar, rsync and
-    ``cp -p`` set mtime): a write before the start cannot count, since file times come
-    from a clock that lags the real one, never leads it; a ctime past now is another
-    clock's (a network file system's server), not a write. A source is also compared
-    with the bytes its key was made of (hashed before the compile)."""
+    """The sources and headers written or deleted after the build started (``written_since``):
+    the compiler may have read either version, so the build stands for neither. A source is
+    also compared with the bytes its key was made of (hashed before the compile)."""
     shas = {str(s.path): s.sha256 for s in plan.sources.sources if s.path in plan.built}
     now_ns = time.time_ns()
-    out = []
-    for p in sorted(set(headers) | set(shas)):
-        try:
-            st = os.stat(p)
-        except OSError:
-            out.append(p)
-            continue
-        if since_ns <= st.st_ctime_ns <= now_ns or not headers.get(p, "-") or (
-                p in shas and file_sha256(p) != shas[p]):
-            out.append(p)
-    return out
+    return [p for p in sorted(set(headers) | set(shas))
+            if written_since(p, since_ns, now_ns) or not headers.get(p, "-")
+            or (p in shas and file_sha256(p) != shas[p])]
 
 
 COMPDB = "compile_commands.json"

@@ -9,22 +9,27 @@
    the target (``sm_90``, or ``compute_90`` for PTX), the options and a schema version.
 2. ``lookup``: the entry, checked as any (size, SHA-256 behind its stamp, ownership), or None.
 3. ``build``: compile (kload.nvrtc), publish (a staging directory renamed into place), evict.
+   A file written since the key was made (the too-new rule of loader/build.py) gives the
+   entry a key no lookup makes: it serves the process that compiled it, no one else.
 """
 from __future__ import annotations
 
+import copy
 import os
 import re
 import shutil
 import time
+import uuid
 from pathlib import Path
 
 from kload.cache import SCHEMA, Entry, stamp_of
-from kload.cache.key import digest, file_sha256, sha256_now
+from kload.cache.key import CHANGED_MARK, digest, file_sha256, sha256_now, written_since
 from kload.cache.publish import publish, stage
 from kload.cache.store import Store
 
 from . import knobs, nvrtc
 from .options import include_dir
+from .progress import say
 
 CUBIN_SCHEMA = 1  # bump when the entry's layout or the meaning of its key changes
 DEFAULT_OPTIONS = ("-std=c++17",)
@@ -62,7 +67,7 @@ def closure(path: str, include_dirs: list[str], system_dir: str | None) -> dict[
 class Plan:
     """One compile: the key, what it hashes, and where its entry lives."""
 
-    __slots__ = ("key", "inputs", "options", "names", "target", "files", "entry_dir", "stem")
+    __slots__ = ("key", "inputs", "options", "names", "target", "files", "entry_dir", "stem", "_scan", "_since_ns")
 
     def __init__(self, store: Store, path: str, names, options: list[str], include_paths: list[str], target: str):
         lib = nvrtc.library()
@@ -70,12 +75,30 @@ class Plan:
         self.target, self.stem, self.names = target, Path(path).stem.split(".")[0], sorted(names)
         self.options = (list(DEFAULT_OPTIONS) + [f"-arch={target}"] + [f"-I{d}" for d in dirs]
                         + ([f"-I{lib.include}"] if lib.include else []) + list(options))
-        self.files = closure(path, dirs, lib.include)
+        self._scan, self._since_ns = (path, dirs, lib.include), time.time_ns()
+        self.files = closure(*self._scan)
         self.inputs = {"schema": CUBIN_SCHEMA, "kind": "cubin", "file": path, "names": self.names,
                        "nvrtc": lib.identity, "target": target, "options": self.options,
                        "cxx": {"path": lib.path, "version": f"NVRTC {lib.identity['soname']} -> {target}"}}
         self.key = digest({"schema": SCHEMA, "inputs": self.inputs, "files": self.files})
         self.entry_dir = store.entries / f"cubin-{self.stem}-{self.key[:16]}"
+
+    def changed(self) -> list[str]:
+        """The files written since the key was made, or whose closure differs from it
+        now (an include added, a missing header created): NVRTC, which read them after,
+        may have compiled either version."""
+        now, now_ns = closure(*self._scan), time.time_ns()
+        return sorted({f.removeprefix("<missing>") for f in set(now) | set(self.files)
+                       if now.get(f) != self.files.get(f) or (not f.startswith("<")
+                                                               and written_since(f, self._since_ns, now_ns))})
+
+    def unreusable(self) -> "Plan":
+        """This plan under a key no lookup makes (one build's own)."""
+        other = copy.copy(self)
+        other.key = digest({"schema": SCHEMA, "inputs": self.inputs, "files": self.files,
+                            "changed": CHANGED_MARK + uuid.uuid4().hex})
+        other.entry_dir = self.entry_dir.parent / f"cubin-{self.stem}-{other.key[:16]}"
+        return other
 
 
 def lookup(store: Store, plan: Plan) -> Entry | None:
@@ -96,6 +119,11 @@ def build(store: Store, plan: Plan, source_path: str) -> Entry:
     with open(source_path, encoding="utf-8") as f:
         text = f.read()
     out = nvrtc.compile(text, source_path, plan.options, plan.names, str(log_path))
+    changed = plan.changed()
+    if changed:
+        say(f"kload: {', '.join(changed)} changed while NVRTC compiled {os.path.basename(source_path)}; this "
+            "image is not reused (the next load compiles again)", warning=True)
+        plan = plan.unreusable()
     suffix = ".ptx" if plan.target.startswith("compute_") else ".cubin"
     staged = stage(store, plan.entry_dir.name)
     try:
@@ -109,7 +137,8 @@ def build(store: Store, plan: Plan, source_path: str) -> Entry:
                     "source_key": plan.key, "artifact": art.name, "size": st.st_size, "sha256": sha256_now(art),
                     "stat": stamp_of(st), "created": time.time(), "headers": {k: v for k, v in plan.files.items()
                                                                               if v is not None},
-                    "inputs": plan.inputs, "kernels": kernels, "build_seconds": round(out.seconds, 4)}
+                    "inputs": plan.inputs, "kernels": kernels, "build_seconds": round(out.seconds, 4),
+                    "changed_during_build": changed}
     except BaseException:
         shutil.rmtree(staged, ignore_errors=True)
         raise

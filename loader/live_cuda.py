@@ -164,6 +164,8 @@ class CudaModule:
                      (time.perf_counter() - started) * 1e3)
         if "_files" in self.__dict__:  # reload on save: watch the headers too
             watch.watch(self, [f for f in plan.files if not f.startswith("<")])
+            if entry.changed_during_build:  # a file saved while NVRTC compiled: the next access checks again
+                self.__dict__["_stale"] = True
         old = self._images.get(target)
         return old if old is not None and old.entry.key == entry.key else Image(entry)
 

@@ -210,6 +210,28 @@ def test_header_edit_makes_a_new_entry_and_revert_finds_the_old(kdir):
 
 
 @needs_nvrtc
+def test_a_header_saved_after_the_key_was_made_is_not_cached_under_it(kdir):
+    """The key hashes the files before NVRTC reads them: a save in between (an editor's
+    second write) compiled the new bytes, and without the too-new rule they were cached
+    under the old bytes' key, so undoing the edit loaded the edited code. PTX, to read
+    which constant each image holds (SCALE * a: 3.0 is 0f40400000; 1.0 folds away)."""
+    from kload import cubin, nvrtc
+
+    mod, src = module(kdir), str(kdir / "saxpy.cu")
+    plan = cubin.Plan(mod.store, src, mod.names(), mod.options, mod.include_paths, "compute_90")
+    write(kdir / "scale.cuh", "#define SCALE 3.0f\n")  # after the key, before the compile
+    racy = cubin.build(mod.store, plan, src)
+    assert racy.changed_during_build == [str(kdir / "scale.cuh")]
+    assert "0f40400000" in racy.artifact.read_text()  # NVRTC read the new bytes
+    assert cubin.lookup(mod.store, plan) is None  # ... which the old bytes' key does not find
+    write(kdir / "scale.cuh", "#define SCALE 1.0f\n")  # the edit undone
+    before = nvrtc.COMPILES
+    undone = mod.compile("compute_90")
+    assert nvrtc.COMPILES == before + 1 and undone.path != racy.path and not undone.changed_during_build
+    assert "0f40400000" not in undone.artifact.read_text()
+
+
+@needs_nvrtc
 def test_syntax_error_gives_file_line_col_of_the_kernel_file(kdir):
     write(kdir / "bad.cu", """\
         extern "C" __global__ void fill(float* out, float v, int n) {
