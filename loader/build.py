@@ -18,7 +18,7 @@ from pathlib import Path
 from kload.cache.key import CHANGED_MARK, file_sha256, full_key, settled, stamp_of, stat_stamp, written_since
 from kload.cache.store import Store, move_aside, read_json, write_atomic, write_json_atomic
 
-from . import knobs, linking, pch, toolchain, torchbuild
+from . import foreground, knobs, linking, pch, split_build, toolchain, torchbuild
 from .errors import CompileError, KloadError
 from .plan import Plan
 from .compilers import cuda_toolkit, launchers, parallel_jobs
@@ -46,8 +46,8 @@ def ninja_deps(ws: Path) -> dict[str, list[str]]:
     return deps
 
 
-def header_closure(ws: Path, plan: Plan, deps: dict[str, list[str]], pchs: pch.PrecompiledHeaders
-                   ) -> tuple[dict[str, str], dict[str, list | None]]:
+def header_closure(ws: Path, plan: Plan, deps: dict[str, list[str]], pch_headers: set[str],
+                   pch_dirs: tuple[str, ...]) -> tuple[dict[str, str], dict[str, list | None]]:
     """Every local header the compiler read, with its content hash and stat stamp.
     A precompiled header's stub and .gch are left out (the PCH key covers them);
     the headers it was made from are in, when a compile used it (its dependency
@@ -56,10 +56,10 @@ def header_closure(ws: Path, plan: Plan, deps: dict[str, list[str]], pchs: pch.P
         raise KloadError(f"kload: ninja recorded no header dependencies in {ws}; refusing to cache a build "
                          "whose inputs cannot all be seen")
     skip = {str(p) for p in plan.built}
-    system = toolchain.system_prefixes(plan.with_cuda) + pchs.prefixes()
+    system = toolchain.system_prefixes(plan.with_cuda) + pch_dirs
     headers: dict[str, str] = {}
     stamps: dict[str, list | None] = {}
-    for p in sorted({p for files in deps.values() for p in files} | pchs.headers_used()):
+    for p in sorted({p for files in deps.values() for p in files} | pch_headers):
         if p in skip or p.startswith(str(ws) + os.sep) or p.startswith(system):
             continue
         try:
@@ -224,16 +224,24 @@ def _compile(plan: Plan, store: Store, ws: Path, link: list[str]) -> Compiled:
         sources.append(str(ns_src))
     artifact = ws / (name if plan.standalone else f"{name}.so")
     forget_stale_objects(ws)
+    split = split_build.SplitBuild(plan, store, ws)
     started, since, since_ns = time.perf_counter(), time.time(), time.time_ns()
     try:
-        with parallel_jobs(plan, len(sources)) as jobs, BuildProgress(name, ws, jobs) as progress, \
+        # (foreground.held: kload's background precompiles stop while this build compiles)
+        with foreground.held(), parallel_jobs(plan, len(sources)) as jobs, BuildProgress(name, ws, jobs) as progress, \
                 launchers(store, plan), cuda_toolkit(plan), pchs.held():
-            registered = torchbuild.run(plan, ws, sources, pchs.cflags(), link, artifact)
+            objects = []
+            if split.active:  # the .cu sources compiled in halves; torch's loader links their objects
+                objects = [str(o) for o in split.compile()]
+                sources = split.others(sources, ws)
+                _unlink(artifact)  # its new objects are not inputs ninja sees: link again
+            registered = torchbuild.run(plan, ws, sources, pchs.cflags(), link + objects, artifact)
             seconds = time.perf_counter() - started
             deps = ninja_deps(ws)
+            deps.update(split.deps())
             write_compdb(ws)
             notes = pchs.report(deps, ws, since)
-            progress.finish(f"kload: built {name} in {seconds:.1f} s{pchs.summary()}")
+            progress.finish(f"kload: built {name} in {seconds:.1f} s{pchs.summary()}{split.summary()}")
     except KloadError:  # a CompileError, or a library refused before loading (linking.check_artifact)
         os.unlink(ws / BUILDING)  # a finished (failed) build; the directory stays valid
         raise
@@ -242,7 +250,8 @@ def _compile(plan: Plan, store: Store, ws: Path, link: list[str]) -> Compiled:
     try:
         if plan.sources.stable:
             torchbuild.check_stable_imports(artifact, name)
-        headers, stamps = header_closure(ws, plan, deps, pchs)
+        headers, stamps = header_closure(ws, plan, deps, pchs.headers_used() | split.headers_used(),
+                                         pchs.prefixes() + split.prefixes())
         record = {**headers, **{str(s.path): s.sha256 for s in plan.sources.sources if s.path in plan.built}}
         changed = changed_during_build(plan, headers, since_ns)
         if changed:  # this process runs the build; no later lookup finds it, the next build recompiles
@@ -277,4 +286,12 @@ def _compile(plan: Plan, store: Store, ws: Path, link: list[str]) -> Compiled:
         "pch": notes,
         "inputs": inputs,
         "changed_during_build": changed,
+        "cuda_split": split.manifest(),
     })
+
+
+def _unlink(path: Path) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass

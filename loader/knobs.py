@@ -102,6 +102,13 @@ def lean_cuda() -> bool:
     return _flag("KLOAD_LEAN_CUDA", True)
 
 
+def split_cuda() -> bool:
+    """``KLOAD_SPLIT_CUDA`` (default 1): a .cu that includes torch's headers is compiled in
+    two halves (split_build.py): its host code by g++ with its #include block precompiled,
+    its kernels by nvcc without torch's host headers. 0: nvcc compiles it whole."""
+    return _flag("KLOAD_SPLIT_CUDA", True)
+
+
 def fast_link() -> bool:
     """``KLOAD_FAST_LINK`` (default 1): link with gold where ``ld.gold`` exists
     (never when the caller's ldflags choose a linker). 0 keeps the compiler's default."""

@@ -38,7 +38,7 @@ from kload.cache.key import file_sha256, sha256_now
 from kload.cache.publish import publish, stage
 from kload.cache.store import Store, read_json, write_atomic, write_json_atomic
 
-from . import knobs, toolchain
+from . import foreground, knobs, toolchain
 from .errors import KloadError
 from .options import include_dir
 
@@ -53,7 +53,8 @@ _GUARD = {"kload/kernel.h": "KLOAD_KERNEL_H_", "kload/stable.h": "KLOAD_STABLE_H
 
 
 def entry_dir(store: Store, header: str, key: str) -> Path:
-    return store.entries / f"pch-{_SLUG[header]}-{key[:16]}"
+    """(a header kload generates, the host half of a split .cu's #include block: "cuprefix")"""
+    return store.entries / f"pch-{_SLUG.get(header, 'cuprefix')}-{key[:16]}"
 
 
 def _lock(store: Store, key: str):
@@ -115,10 +116,11 @@ def check(pp: PchPlan, store: Store) -> Entry | None:
     return None
 
 
-def compile_flags(spec: dict) -> list[str]:
-    """The flags torch.utils.cpp_extension gives a C++ source of this build, read
-    from the ninja file torch writes for it (so they match whatever torch adds),
-    less the per-extension name, which kernel.h and extension.h never read."""
+def torch_ninja_variables(*, name: str, sources: list[str], cflags: list[str], cuda_cflags: list[str],
+                          include_paths: list[str], with_cuda: bool) -> dict[str, str]:
+    """The variables of the ninja file torch.utils.cpp_extension writes for a build
+    (``cflags``, ``cuda_cflags``, ``cuda_post_cflags``, ``cxx``, ``nvcc``, ...): the flags
+    torch gives each kind of source, whatever this torch adds."""
     import inspect
     import tempfile
 
@@ -127,11 +129,11 @@ def compile_flags(spec: dict) -> list[str]:
     writer = getattr(cpp_extension, "_write_ninja_file_to_build_library", None)
     if writer is None:
         raise KloadError("kload: this torch has no ninja writer that kload can read flags from")
-    with tempfile.TemporaryDirectory(prefix="kload-pch-") as d:
-        values = dict(path=os.path.join(d, "build.ninja"), name="kload_pch", sources=[os.path.join(d, "x.cpp")],
-                      extra_cflags=list(spec["cflags"]), extra_cuda_cflags=[], extra_sycl_cflags=[],
-                      extra_ldflags=[], extra_include_paths=list(spec["include_paths"]),
-                      with_cuda=spec["with_cuda"], with_sycl=False, is_standalone=False)
+    with tempfile.TemporaryDirectory(prefix="kload-flags-") as d:
+        values = dict(path=os.path.join(d, "build.ninja"), name=name, sources=list(sources),
+                      extra_cflags=list(cflags), extra_cuda_cflags=list(cuda_cflags), extra_sycl_cflags=[],
+                      extra_ldflags=[], extra_include_paths=list(include_paths),
+                      with_cuda=with_cuda, with_sycl=False, is_standalone=False)
         params = inspect.signature(writer).parameters
         missing = [p for p, v in params.items() if p not in values and v.default is inspect.Parameter.empty]
         if missing:
@@ -140,9 +142,18 @@ def compile_flags(spec: dict) -> list[str]:
         text = Path(values["path"]).read_text()
     found = {}
     for line in text.splitlines():
-        name, sep, value = line.partition(" = ")
+        key, sep, value = line.partition(" = ")
         if sep and not line.startswith(" "):
-            found[name.strip()] = value
+            found[key.strip()] = value
+    return found
+
+
+def compile_flags(spec: dict) -> list[str]:
+    """The flags torch.utils.cpp_extension gives a C++ source of this build, read
+    from the ninja file torch writes for it (so they match whatever torch adds),
+    less the per-extension name, which kernel.h and extension.h never read."""
+    found = torch_ninja_variables(name="kload_pch", sources=["x.cpp"], cflags=spec["cflags"], cuda_cflags=[],
+                                  include_paths=spec["include_paths"], with_cuda=spec["with_cuda"])
     flags = shlex.split(found.get("cflags", "")) + shlex.split(found.get("post_cflags", ""))
     return [f for f in flags if not f.startswith("-DTORCH_EXTENSION_NAME=")]
 
@@ -163,10 +174,11 @@ def _depfile_headers(depfile: Path, system: tuple[str, ...], header: str) -> dic
     return out
 
 
-def build(spec: dict, *, wait: bool = False) -> Entry | None:
+def build(spec: dict, *, wait: bool = False, background: bool = False) -> Entry | None:
     """Build and publish the precompiled header ``spec`` describes (the body of a
     background build, and of ``kload build --pch``). Returns the entry, or None
-    when another process holds its lock and ``wait`` is False."""
+    when another process holds its lock and ``wait`` is False. ``background``: the
+    compiler stops while a build runs (foreground.py)."""
     from filelock import Timeout
 
     store = Store(Path(spec["root"]))
@@ -186,23 +198,34 @@ def build(spec: dict, *, wait: bool = False) -> Entry | None:
         shutil.rmtree(ws, ignore_errors=True)  # what a killed build left
         ws.mkdir(mode=0o700)
         gch, depfile = ws / "out.gch", ws / "out.d"
+        source = header_file(header)
+        if "text" in spec:  # a header kload writes (split_build.py), with the flags of its compiles
+            source = str(ws / "prefix.h")
+            write_atomic(Path(source), spec["text"])
         try:
-            cmd = ([spec["cxx"]] + compile_flags(spec)
-                   + ["-x", "c++-header", header_file(header), "-o", str(gch), "-MD", "-MF", str(depfile)])
+            flags = spec["flags"] if "flags" in spec else compile_flags(spec)
+            cmd = [spec["cxx"]] + flags + ["-x", "c++-header", source, "-o", str(gch), "-MD", "-MF", str(depfile)]
         except Exception as e:  # noqa: BLE001 - a torch whose ninja writer kload cannot read
             _failed(store, key).write_text(f"{e}\n")
             raise KloadError(f"kload: cannot precompile <{header}>: {e}") from None
-        started = time.perf_counter()
-        proc = subprocess.run(cmd, cwd=ws, capture_output=True, text=True)
-        seconds = time.perf_counter() - started
-        write_atomic(ws / "build.log", shlex.join(cmd) + "\n" + proc.stdout + proc.stderr)
-        if proc.returncode != 0:
+        started, paused = time.perf_counter(), 0.0
+        if background:
+            returncode, paused = foreground.run_yielding(cmd, ws, ws / "compiler.out")
+            output = (ws / "compiler.out").read_text(errors="replace")
+        else:
+            proc = subprocess.run(cmd, cwd=ws, capture_output=True, text=True)
+            returncode, output = proc.returncode, proc.stdout + proc.stderr
+        seconds = time.perf_counter() - started - paused
+        write_atomic(ws / "build.log", shlex.join(cmd) + "\n" + output)
+        if returncode != 0:
             # the key holds all that decides the outcome: do not try this one again
             _failed(store, key).write_text((ws / "build.log").read_text())
-            raise KloadError(f"kload: precompiling <{header}> failed (exit {proc.returncode}); "
+            raise KloadError(f"kload: precompiling <{header}> failed (exit {returncode}); "
                              f"see {_failed(store, key)}")
-        headers = _depfile_headers(depfile, toolchain.system_prefixes(spec["with_cuda"]), header)
-        entry = _publish(store, pp, gch, headers, {"build_seconds": round(seconds, 3), "command": cmd})
+        headers = _depfile_headers(depfile, toolchain.system_prefixes(spec["with_cuda"]) + (str(ws) + os.sep,),
+                                   header)
+        entry = _publish(store, pp, gch, headers, {"build_seconds": round(seconds, 3), "command": cmd,
+                                                   "paused_seconds": round(paused, 3)})
         log.info("kload: precompiled <%s> in %.1f s (%.0f MB): %s", header, seconds,
                  entry.manifest["size"] / 1e6, entry.path)
         shutil.rmtree(ws, ignore_errors=True)
@@ -225,8 +248,11 @@ def _publish(store: Store, pp: PchPlan, gch: Path, headers: dict, extra: dict) -
         # the stub but not the real header (pch.py tells "used" from "not used" by that)
         guard = _GUARD.get(pp.header)
         body = f"#include_next <{pp.header}>\n"
-        write_atomic(staged / pp.header, f"// kload: the stub of the precompiled <{pp.header}>\n"
-                     + (f"#ifndef {guard}\n{body}#endif\n" if guard else body))
+        if "text" in pp.spec:  # a generated header: the stub is its text, opened where GCC refuses the .gch
+            write_atomic(staged / pp.header, pp.spec["text"])
+        else:
+            write_atomic(staged / pp.header, f"// kload: the stub of the precompiled <{pp.header}>\n"
+                         + (f"#ifndef {guard}\n{body}#endif\n" if guard else body))
         st = os.stat(final)
         manifest = dict(extra, schema=SCHEMA, kind="pch", name=f"pch:{pp.header}", header=pp.header, key=pp.key,
                         source_key=pp.key, artifact=pp.header + ".gch", size=st.st_size,
@@ -312,7 +338,7 @@ def _main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     spec = json.loads(Path(argv[0]).read_text())
     try:
-        build(spec)
+        build(spec, background=True)
     except (KloadError, OSError) as e:
         log.error("%s", e)
         return 1

@@ -50,6 +50,7 @@ class Plan:
     host_cpu: str | None            # -march=native builds: the CPU they run on
     nvcc: dict | None               # CUDA builds: nvcc's identity
     cuda_archs: CudaArchs | None    # CUDA builds: the architectures, and where that list came from
+    cuda_split: bool                # CUDA builds: .cu sources with torch's headers compile in halves (split_build.py)
     skey: str = field(init=False)   # the source key: the hash of key_inputs()
 
     def __post_init__(self) -> None:
@@ -93,6 +94,8 @@ class Plan:
         if self.with_cuda:
             inputs["nvcc"] = self.nvcc
             inputs["cuda_arch"] = self.cuda_archs.keyed()
+            if self.cuda_split:  # (absent where off: entries of the whole-file builds still hit)
+                inputs["cuda_split"] = True
         return inputs
 
 
@@ -214,4 +217,5 @@ def make_plan(opts: Options, store: Store) -> Plan:
         nvcc=toolchain.compiler_identity(str(Path(toolchain.find_cuda_home(), "bin", "nvcc")), store.root, ask=False)
         if with_cuda else None,
         cuda_archs=toolchain.cuda_archs() if with_cuda else None,
+        cuda_split=with_cuda and knobs.split_cuda(),
     )

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
 import threading
 import time
@@ -113,6 +114,9 @@ class _Status:
             if "-c" in args:
                 for a in args:
                     if a.endswith((".cpp", ".cu", ".cc", ".cxx", ".c")):
+                        half = re.fullmatch(r"(.+)-[0-9a-f]{6}\.(host\.cpp|device\.cu)", os.path.basename(a))
+                        if half:  # split_build.py's halves of a .cu
+                            return f"{half[1]}.cu ({'host code' if half[2] == 'host.cpp' else 'kernels'})"
                         return os.path.basename(a)
         return None
 

@@ -127,14 +127,11 @@ def _run(plan: Plan, ws: Path, sources: list[str], pch_cflags: list[str], link: 
     if versioner is not None and hasattr(versioner, "entries"):
         versioner.entries.pop(plan.name, None)
     log_path = ws / "build.log"
-    kload_include = "-I" + shlex.quote(str(include_dir()))
-    # the CUDA headers of a PyPI torch, after the toolkit's own (not keyed: torch's identity covers them)
-    cuda_includes = [f"-isystem {shlex.quote(p)}" for p in toolchain.pip_cuda_includes()] if plan.with_cuda else []
     # torch's own function, even when kload.patch() (or anything on top of it) replaced the attribute
     torch_load = getattr(cpp_extension, "_kload_torch_load", cpp_extension.load)
     try:
         with _CheckedLoad(cpp_extension, plan, artifact):
-            _torch_load(torch_load, plan, ws, sources, pch_cflags, link, kload_include, cuda_includes)
+            _torch_load(torch_load, plan, ws, sources, pch_cflags, link)
     except RuntimeError as e:
         _raise_build_error(plan, ws, log_path, e)
     except OSError as e:
@@ -145,16 +142,27 @@ def _run(plan: Plan, ws: Path, sources: list[str], pch_cflags: list[str], link: 
         raise KloadError(f"kload: {plan.name!r} compiled but cannot be loaded: {cause}{hint}") from None
 
 
-def _torch_load(torch_load, plan: Plan, ws: Path, sources: list[str], pch_cflags: list[str], link: list[str],
-                kload_include: str, cuda_includes: list[str]) -> None:
+def extra_flags(plan: Plan, pch_cflags: list[str] | None) -> tuple[list[str], list[str]]:
+    """What kload hands torch's loader as extra_cflags and extra_cuda_cflags: the plan's,
+    ``pch_cflags`` (None: the plan's C++ flags left out too, as a split .cu's host half
+    takes none of them), kload's include directory (after the precompiled headers'
+    directories, so that g++ finds those first; nvcc has none), the CUDA headers of a
+    PyPI torch after the toolkit's own (not keyed: torch's identity covers them) and
+    nvcc --threads. Fresh lists: torch appends its own flags to them."""
+    kload_include = "-I" + shlex.quote(str(include_dir()))
+    cuda_includes = [f"-isystem {shlex.quote(p)}" for p in toolchain.pip_cuda_includes()] if plan.with_cuda else []
+    cflags = ([] if pch_cflags is None else list(plan.cflags) + pch_cflags) + [kload_include] + cuda_includes
+    cuda = list(plan.cuda_cflags) + [kload_include] + cuda_includes + nvcc_threads(plan.cuda_cflags)
+    return cflags, cuda
+
+
+def _torch_load(torch_load, plan: Plan, ws: Path, sources: list[str], pch_cflags: list[str], link: list[str]) -> None:
+    cflags, cuda_cflags = extra_flags(plan, pch_cflags)
     torch_load(
         name=plan.name,
         sources=sources,
-        # copies: torch appends its own flags to these lists, and the manifest records ours
-        # kload's include directory through the flags, so that g++ finds the
-        # precompiled headers' directories ahead of it (and nvcc does not)
-        extra_cflags=list(plan.cflags) + pch_cflags + [kload_include] + cuda_includes,
-        extra_cuda_cflags=list(plan.cuda_cflags) + [kload_include] + cuda_includes + nvcc_threads(plan.cuda_cflags),
+        extra_cflags=cflags,
+        extra_cuda_cflags=cuda_cflags,
         extra_ldflags=list(plan.ldflags) + link,
         extra_include_paths=list(plan.opts.include_paths),
         build_directory=str(ws),

@@ -18,14 +18,17 @@ ORDER = [
     "kload.cache", "kload.cache.key", "kload.cache.store", "kload.cache.lock",   # 2 hit record, 3 key, 4 lookup, lock
     "kload.cache.publish",                                         # 7 publish
     "kload.cache.bundle", "kload.cache.remote",                    # bundles; 5 the remote cache's server
-    "kload.knobs",
+    "kload.knobs", "kload.foreground",                             # 6 builds pause background precompiles
     "kload.options",                                               # 1 what the user passed
     "kload.progress",                                              # 6 the line the user sees (basics)
     "kload.fingerprint",                                           # 2 the hit record's fingerprint; the facts
     "kload.toolchain", "kload.linking", "kload.sources",           # 3 key inputs; 6 the link
+    "kload.cuscan", "kload.cusplit",                               # 3 a .cu's structure, its two halves (text)
     "kload.plan", "kload.explain",                                 # 3 the plan, its key; 4 a refusal says why
     "kload.pch_build", "kload.pch",                                # 6 precompiled headers
-    "kload.compilers", "kload.torchbuild", "kload.build",          # 6 the compile
+    "kload.compilers", "kload.torchbuild",                         # 6 the compile
+    "kload.split_units", "kload.split_build",                      # 6 a .cu in halves
+    "kload.build",
     "kload.remote",                                                # 5 the remote cache
     "kload.library",                                               # 8 load a library into the process
     "kload.obtain",                                                # 4-7 the miss: look, lock, fetch, compile, publish
