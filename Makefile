@@ -66,11 +66,13 @@ test-quick: $(VENV)/.installed
 
 # one cache, two torch releases (tests/upgrade_check.py); the .cu of every binding style built
 # and loaded under the CUDA build of torch (tests/cuda_check.py); NVRTC's tests, where NVRTC is.
-# KLOAD_PCH=0: their caches are thrown away, so a precompiled header would be built for nothing
+# KLOAD_PCH=0: their caches are thrown away, so a precompiled header would be built for nothing;
+# the split .cu's tests (tests/test_cuda_split.py) keep one cache for the file and its precompiled #include blocks
 upgrade-check: $(VENV)/.installed next-venv
 	KLOAD_PCH=0 $(PY) tests/upgrade_check.py $(PY) $(NEXT_PY)
 	KLOAD_PCH=0 KLOAD_CACHE_DIR=$$(mktemp -d) $(NEXT_PY) tests/cuda_check.py
 	KLOAD_PCH=0 KLOAD_CACHE_DIR=$$(mktemp -d) $(NEXT_PY) -m pytest -q -p no:cacheprovider tests/test_nvrtc.py
+	$(NEXT_PY) -m pytest -q -p no:cacheprovider tests/test_cuda_split.py
 
 # the benchmarks; the bench extra brings matplotlib (the kernels' chart) and the peers live.py runs
 bench: $(VENV)/.installed

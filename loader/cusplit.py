@@ -111,6 +111,7 @@ def _callee_start(code: str, i: int) -> int:
     """Where the expression naming the kernel before ``<<<`` at ``i`` begins."""
     j = i
     while True:
+        start = j
         while j > 0 and code[j - 1].isspace():
             j -= 1
         if j and code[j - 1] in ">)]":
@@ -127,6 +128,8 @@ def _callee_start(code: str, i: int) -> int:
         k = j
         while k > 0 and (code[k - 1].isalnum() or code[k - 1] == "_"):
             k -= 1
+        if k == j:  # no name before: the expression began where the spaces did
+            return start
         j = k
         back = j
         while back > 0 and code[back - 1].isspace():

@@ -11,7 +11,8 @@ compiled whole, by nvcc as before, and the build line says why, when:
   in a host function, ``__CUDACC__`` in a condition, an nvcc flag kload does not know);
 - its first split does not compile while the file compiles whole: the halves miss
   something the whole file has. This is remembered in the build directory until the
-  file's #include lines change, so later edits do not try again.
+  file's #include lines or the torch names its device code uses change, so later edits
+  of the kernel do not try again.
 
 Once a split of a file has compiled, a later failure is the user's own error, shown at
 once with the user's file and line, unless its errors name something torch's headers
@@ -41,8 +42,12 @@ PLACEHOLDER = "_kload_split_.cpp"  # torch's loader wants a source where every o
 QUIET = "it includes none of torch's host headers"  # (nvcc is fast on it: not worth a word in the build line)
 
 
-def _includes_sha(text: str) -> str:
-    return hashlib.sha256("\n".join(re.findall(r"(?m)^\s*#\s*include\b.*$", text)).encode()).hexdigest()
+def _memo_key(text: str, device: str) -> str:
+    """What a remembered "compile it whole" holds for: the file's #include lines and the
+    torch names its device half uses (an edit that drops the name that failed tries again)."""
+    names = sorted(set(re.findall(r"\b(?:at|c10|torch)\s*::\s*\w+|\b(?:C10|AT|TORCH)_\w+", device)))
+    lines = re.findall(r"(?m)^\s*#\s*include\b.*$", text)
+    return hashlib.sha256("\n".join(lines + names).encode()).hexdigest()
 
 
 class SplitBuild:
@@ -67,14 +72,14 @@ class SplitBuild:
                 self.whole[str(src)] = why
                 continue
             text = src.read_text(encoding="utf-8", errors="replace")
-            memo = self._state.get(str(src), {})
-            if memo.get("whole") and memo.get("includes") == _includes_sha(text):
-                self.whole[str(src)] = memo["whole"]
-                continue
             try:
                 sp = cusplit.split(text, str(src), dirs)
             except cusplit.NotSplit as e:
                 self.whole[str(src)] = str(e)
+                continue
+            memo = self._state.get(str(src), {})
+            if memo.get("whole") and memo.get("key") == _memo_key(text, sp.device):
+                self.whole[str(src)] = memo["whole"]
                 continue
             self.units.append(Unit(src, sp, f"{src.stem}-{hashlib.sha256(str(src).encode()).hexdigest()[:6]}"))
 
@@ -119,7 +124,7 @@ class SplitBuild:
                     reason = f"its split did not compile ({f.half}: {_first_error(f.output)})"
                     self.whole[str(u.source)] = reason
                     text = u.source.read_text(encoding="utf-8", errors="replace")
-                    self._state[str(u.source)] = {"whole": reason, "includes": _includes_sha(text)}
+                    self._state[str(u.source)] = {"whole": reason, "key": _memo_key(text, u.split.device)}
                     self.units.remove(u)
         finally:
             write_json_atomic(self.dir / "state.json", self._state)
@@ -169,6 +174,8 @@ def _split_at_fault(output: str) -> bool:
     the device half lacks because torch's headers declare it), not the user's."""
     if output.startswith(LINK_MISMATCH):
         return True
+    if any(d.source_line and re.search(r"\b(?:at|c10|torch)\s*::", d.source_line) for d in parse_diagnostics(output)):
+        return True  # the failing line names torch ("name followed by '::' must be ...": nvcc names nothing)
     names = set()
     for pattern in (r"[‘'\"](\w+)[’'\"] (?:was not declared|is not a member|does not name a type|"
                     r"has not been declared|is not a template)",

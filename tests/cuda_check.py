@@ -5,7 +5,8 @@
 The .cu sources of every binding style (the tutorial's section 4.1 as written among
 them) build with nvcc through kload and load; their CUDA kernels are in the dispatch
 table, and each, called with a CPU tensor (the dispatcher told to run the CUDA
-entry: no GPU here), raises its own clear error, never a crash. kload finds the toolkit behind
+entry: no GPU here), raises its own clear error, never a crash. A .cu with torch's host
+headers compiles in two halves (each line says how each .cu compiled). kload finds the toolkit behind
 an nvcc wrapper, the PyPI CUDA headers, and an architecture list by itself.
 Prints one line per style; exits non-zero when one failed.
 """
@@ -129,6 +130,11 @@ STYLES = {
 }
 
 
+# styles whose .cu includes torch's host headers and is written as the halves take it:
+# compiled in two halves (split_build.py) unless KLOAD_SPLIT_CUDA=0
+SPLIT_STYLES = ("op_library", "pybind11", "torch_library")
+
+
 def cuda_kernel_error(op, *args) -> str:
     """Call the op's CUDA kernel itself, with a CPU tensor (no GPU here to make a CUDA
     one): the dispatcher is told to run the CUDA entry. The kernel's own input check
@@ -178,7 +184,11 @@ def check_style(style: str, files: dict[str, str], work: Path) -> str:
         cuda = "the .cu's vector_add_cuda linked into the module (no GPU here to call it)"
     else:
         cuda = "its CUDA kernel, called with a CPU tensor, says: " + cuda_kernel_error(fn)
-    return f"built and loaded in {seconds:.1f} s ({m['inputs'].get('cuda_arch')}); CPU runs; {cuda}"
+    halves = m.get("cuda_split") or {}  # .cu -> how it compiled (split_build.py)
+    if style in SPLIT_STYLES and os.environ.get("KLOAD_SPLIT_CUDA", "1") != "0":
+        assert halves and all(n.startswith("split") for n in halves.values()), halves
+    split = "; ".join(f"{Path(f).name} {n}" for f, n in halves.items()) or "no .cu split"
+    return f"built and loaded in {seconds:.1f} s ({m['inputs'].get('cuda_arch')}); {split}; CPU runs; {cuda}"
 
 
 def check_shipped() -> str:

@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
 import nbformat
@@ -16,7 +17,7 @@ import pytest
 import torch
 
 import kload
-from kload import pch_build
+from kload import foreground, pch_build
 from kload.cache import MANIFEST, stamp_of
 from kload.cache.key import sha256_now
 
@@ -224,7 +225,8 @@ def test_check_macros_given_to_gcc_are_checks_h():
 def test_a_killed_precompile_blocks_nothing(tmp_path, monkeypatch, tally):
     """SIGKILL to a background precompile (started as %load_ext kload starts the cells')
     mid-compile: nothing is published, the lock dies with it, and the next precompile of
-    that key runs and publishes."""
+    that key runs and publishes. Before the kill: while a build holds the foreground lock
+    its compiler is stopped, and it runs again when the build lets go (foreground.py)."""
     import signal
     import time
 
@@ -235,6 +237,10 @@ def test_a_killed_precompile_blocks_nothing(tmp_path, monkeypatch, tally):
 
     cache = tmp_path / "cache"
     monkeypatch.setenv("KLOAD_CACHE_DIR", str(cache))
+    # a foreground lock of its own (under TMPDIR, here and in the worker): the other
+    # pytest worker's builds must not stop this precompile
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     store = Store(cache)
     store.prepare()
     opts = make_options("killed", [source(tmp_path)], ["-O2"], [], [], [], False, False, False)
@@ -242,9 +248,12 @@ def test_a_killed_precompile_blocks_nothing(tmp_path, monkeypatch, tally):
     assert pp.key == plans_for(make_plan(opts, store), store)[0].key
     worker = pch_build._started[(str(store.root), pp.key)]
     deadline = time.monotonic() + 120
-    while not _compiler_running(worker.pid):
+    while not _compiler_states(worker.pid):
         assert time.monotonic() < deadline and worker.poll() is None, "the compiler never started"
         time.sleep(0.2)
+    with foreground.held():  # what every build holds while it compiles
+        assert _settles(worker.pid, "T"), "the precompile went on beside a build"
+    assert _settles(worker.pid, "RSD"), "the precompile stayed stopped after the build"
     os.killpg(worker.pid, signal.SIGKILL)
     worker.wait()
     tally("kills survived")
@@ -253,12 +262,26 @@ def test_a_killed_precompile_blocks_nothing(tmp_path, monkeypatch, tally):
     assert entry is not None and pch_build.check(pp, store) is not None
 
 
-def _compiler_running(pgid: int) -> bool:
-    """Is a cc1plus of process group ``pgid`` running?"""
+def _compiler_states(pgid: int) -> str:
+    """The states (R, S, T, ...) of the cc1plus processes of process group ``pgid``."""
+    states = ""
     for p in (p for p in os.listdir("/proc") if p.isdigit()):
         try:
             if os.getpgid(int(p)) == pgid and b"cc1plus" in Path(f"/proc/{p}/cmdline").read_bytes():
-                return True
-        except OSError:
+                states += Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
             pass
+    return states
+
+
+def _settles(pgid: int, states: str, seconds: float = 10) -> bool:
+    """Whether every cc1plus of ``pgid`` is in one of ``states`` within ``seconds``."""
+    import time
+
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        now = _compiler_states(pgid)
+        if now and all(c in states for c in now):
+            return True
+        time.sleep(0.05)
     return False
