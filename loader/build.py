@@ -6,6 +6,7 @@ Imported only when something must be compiled.
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -90,12 +91,13 @@ def changed_during_build(plan: Plan, headers: dict[str, str], since_ns: int) -> 
 COMPDB = "compile_commands.json"
 
 
-def write_compdb(ws: Path) -> None:
+def write_compdb(ws: Path, split: split_build.SplitBuild) -> None:
     """ninja's compilation database of this build (the real commands, flags and include
-    paths), for editors and clangd; ``kload ide`` copies it beside the sources."""
+    paths; a split .cu as nvcc compiles it whole), for editors and clangd; ``kload ide``
+    copies it beside the sources."""
     proc = subprocess.run(["ninja", "-t", "compdb"], cwd=ws, capture_output=True, text=True)
     if proc.returncode == 0 and proc.stdout.strip().startswith("["):
-        write_atomic(ws / COMPDB, proc.stdout)
+        write_atomic(ws / COMPDB, json.dumps(split.compdb(json.loads(proc.stdout)), indent=2))
     else:
         log.warning("kload: could not write %s in %s: %s", COMPDB, ws, proc.stderr.strip())
 
@@ -239,7 +241,7 @@ def _compile(plan: Plan, store: Store, ws: Path, link: list[str]) -> Compiled:
             seconds = time.perf_counter() - started
             deps = ninja_deps(ws)
             deps.update(split.deps())
-            write_compdb(ws)
+            write_compdb(ws, split)
             notes = pchs.report(deps, ws, since)
             progress.finish(f"kload: built {name} in {seconds:.1f} s{pchs.summary()}{split.summary()}")
     except KloadError:  # a CompileError, or a library refused before loading (linking.check_artifact)

@@ -224,6 +224,7 @@ def split(text: str, path: str, include_dirs: list[str] = ()) -> Split:
     for n, it in enumerate(items):
         piece = text[it.start:it.end]
         if it.kind == "directive":
+            piece = _beside(piece, here)
             side = sides.get(n, "both")
             if in_prefix and (side == "host" or (side == "both" and n in sides and _system(piece))
                               or (n not in sides and re.match(r"\s*#\s*(define|undef|pragma\s+once)\b", piece))):
@@ -275,6 +276,15 @@ def split(text: str, path: str, include_dirs: list[str] = ()) -> Split:
     if refs:  # nvcc's host shadows of device variables are static: host code reaches them through these
         device.append("\n// kload: the device variables the host half names\n" + "".join(refs))
     return Split("".join(prefix), "".join(host), "".join(device), templates, kernels, tuple(host_dropped))
+
+
+def _beside(directive: str, here: str) -> str:
+    """A quoted #include of a header next to the .cu, named by its full path: the halves
+    are written elsewhere, and the compiler looks beside the including file first."""
+    inc = re.match(r'(\s*#\s*include\s*)"([^"]+)"', directive)
+    if inc and not os.path.isabs(inc[2]) and os.path.isfile(os.path.join(here, inc[2])):
+        return f'{inc[1]}"{os.path.normpath(os.path.join(here, inc[2]))}"' + directive[inc.end():]
+    return directive
 
 
 def _system(directive: str) -> bool:

@@ -59,6 +59,7 @@ class SplitBuild:
         self.units: list[Unit] = []
         self.whole: dict[str, str] = {}  # source -> why it compiles whole
         self._state = read_json(self.dir / "state.json") or {}
+        self._tools: Tools | None = None
         if not plan.cuda_split:
             return
         why = None
@@ -99,6 +100,7 @@ class SplitBuild:
             self.units = []
             return []
         tools.record = read_json(self.dir / "record.json") or {}
+        self._tools = tools
         failures: dict[str, Failed] = {}
 
         def run(u: Unit) -> None:
@@ -142,6 +144,15 @@ class SplitBuild:
         return rest
 
     # -- what the build reports ---------------------------------------------------------
+
+    def compdb(self, entries: list[dict]) -> list[dict]:
+        """The build's compilation database with each split .cu as nvcc would compile it
+        whole, in place of the placeholder."""
+        if not self.units or self._tools is None:
+            return entries
+        out = [e for e in entries if not e.get("file", "").endswith(PLACEHOLDER)]
+        return out + [{"directory": str(self.ws), "command": self._tools.whole_command(u.source),
+                       "file": str(u.source), "output": f"{u.source.stem}.cuda.o"} for u in self.units]
 
     def deps(self) -> dict[str, list[str]]:
         return {k: v for u in self.units for k, v in u.deps.items()}

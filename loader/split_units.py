@@ -125,6 +125,11 @@ class Tools:
         self.record: dict = {}
         self.system = toolchain.system_prefixes(True) + (str(folder.parent) + os.sep,)
 
+    def whole_command(self, source: Path) -> str:
+        """nvcc's command for the whole file, as torch's loader would run it: what an
+        editor's compilation database lists for a split .cu (clangd reads the .cu, not a half)."""
+        return shlex.join(self.nvcc + self.cuda + ["-c", str(source), "-o", f"{source.stem}.cuda.o"])
+
 
 def compile_unit(u: Unit, t: Tools) -> None:
     """Both halves of ``u`` (reused where the record allows), then the link check.

@@ -8,6 +8,7 @@ is what the compilers, the linker and the loader see). They share one cache, so 
 """
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -177,10 +178,25 @@ def test_an_edit_of_either_half_recompiles_that_half_only(cache, tmp_path):
     launched = {s for s in subprocess.run(["nm", "--undefined-only", str(host_obj)], capture_output=True,
                                           text=True).stdout.split() if "vector_add_kernel" in s}
     assert len(launched) == 4 and {s.encode() for s in launched} <= fatbin_kernels(str(art)), launched
+    # what `kload ide` hands clangd: the .cu as nvcc compiles it whole, not the halves or a placeholder
+    db = {e["file"]: e["command"] for e in json.loads((art.build_dir / "compile_commands.json").read_text())}
+    assert {str(cpp), str(cu)} <= set(db) and not any(f.endswith("_kload_split_.cpp") for f in db), db
+    assert "nvcc" in db[str(cu)] and "-gencode" in db[str(cu)], db[str(cu)]
 
     cu.write_text(cu.read_text().replace("out[i] = a[i] + b[i];", "out[i] = a[i] + b[i] + scalar_t(0);"))
     art, note = build(cpp, cu)
     assert re.fullmatch(r"split: device half [\d.]+ s", note[str(cu)]), note
+
+    # a header of the user's beside the .cu, included by both halves (found from build_dir/split) and in the key
+    (tmp_path / "va_zero.h").write_text("#define VA_ZERO 0\n")
+    cu.write_text(cu.read_text().replace("+ scalar_t(0);", "+ scalar_t(VA_ZERO);")
+                  .replace("// --- kernel -", '#include "va_zero.h"\n// --- kernel -'))
+    art, note = build(cpp, cu)
+    assert note[str(cu)].startswith("split: "), note
+    assert str(tmp_path / "va_zero.h") in art.entry.manifest["headers"]
+    (tmp_path / "va_zero.h").write_text("#define VA_ZERO 1 - 1\n")  # that header edited alone: a new build
+    again, note = build(cpp, cu)
+    assert again.entry.key != art.entry.key and note[str(cu)].startswith("split: "), note
 
     cu.write_text(cu.read_text().replace("if (n == 0) return out;", "if (n <= 0) return out;"))
     art, note = build(cpp, cu)
@@ -194,7 +210,7 @@ def test_an_edit_of_either_half_recompiles_that_half_only(cache, tmp_path):
         h.vector_add.default.redispatch(torch._C.DispatchKeySet(torch._C.DispatchKey.CUDA), x, x)
 
     # a mistake in the kernel: the device half's error, in the user's file and line, at once
-    cu.write_text(cu.read_text().replace("+ scalar_t(0);", "+ scalar_t(0) + not_declared;"))
+    cu.write_text(cu.read_text().replace("+ scalar_t(VA_ZERO);", "+ scalar_t(VA_ZERO) + not_declared;"))
     with pytest.raises(kload.CompileError) as e:
         build(cpp, cu)
     [d] = [d for d in e.value.diagnostics if "not_declared" in d.message]
@@ -205,15 +221,18 @@ def test_an_edit_of_either_half_recompiles_that_half_only(cache, tmp_path):
 def test_constant_memory_and_accessors_link_through_the_halves(cache, tmp_path):
     """cudaMemcpyToSymbol from the launcher (the device half exports a reference to the
     variable's host shadow, which nvcc makes static), PackedTensorAccessor32 with
-    RestrictPtrTraits (declared by torch for nvcc only) and a fixed TORCH_LIBRARY in the .cu."""
+    RestrictPtrTraits (declared by torch for nvcc only), a header of the user's in the
+    #include block and a fixed TORCH_LIBRARY in the .cu."""
     cu = tmp_path / "rows.cu"
+    (tmp_path / "rows_index.h").write_text("#define ROWS_INDEX 0\n")
     cu.write_text(textwrap.dedent("""\
         #include <torch/extension.h>
         #include <ATen/cuda/CUDAContext.h>
+        #include "rows_index.h"
         __constant__ float kScale[4];
         template <typename scalar_t>
         __global__ void rows_kernel(at::PackedTensorAccessor32<scalar_t, 2, at::RestrictPtrTraits> x) {
-          x[blockIdx.x][threadIdx.x] *= static_cast<scalar_t>(kScale[0]);
+          x[blockIdx.x][threadIdx.x] *= static_cast<scalar_t>(kScale[ROWS_INDEX]);
         }
         at::Tensor rows(const at::Tensor& x, double s) {
           TORCH_CHECK(x.is_cuda(), "rows: x must be a CUDA tensor, got one on ", x.device());
