@@ -191,6 +191,8 @@ def fetch_or_lease(r: Remote, plan, store: Store) -> tuple[Entry | None, Lease |
             if entry is not None:
                 r.release_lease(skey, mine)
                 return entry, None
+            if waited is not None and r.failed(skey) == waited:  # it failed and released between our two looks
+                log.warning("kload: %s failed; building %s here", waited, name)
             return None, Lease(r, skey, mine)
         holder = r.lease_holder(skey)
         now = time.monotonic()

@@ -23,7 +23,7 @@ ORDER = [
     "kload.progress",                                              # 6 the line the user sees (basics)
     "kload.fingerprint",                                           # 2 the hit record's fingerprint; the facts
     "kload.toolchain", "kload.linking", "kload.sources",           # 3 key inputs; 6 the link
-    "kload.cuscan", "kload.cusplit",                               # 3 a .cu's structure, its two halves (text)
+    "kload.cuscan", "kload.culaunch", "kload.cusplit",             # 3 a .cu's structure, its launches, its two halves (text)
     "kload.plan", "kload.explain",                                 # 3 the plan, its key; 4 a refusal says why
     "kload.pch_build", "kload.pch",                                # 6 precompiled headers
     "kload.compilers", "kload.torchbuild",                         # 6 the compile
