@@ -6,10 +6,11 @@
     kernels.conv2d(x, w, bias=None, stride=1, padding=0)  # NCHW, as F.conv2d
     kernels.bias_gelu(x, bias)                            # F.gelu(x + bias), fused, with backward
 
-vector_add, conv2d and bias_gelu *are* their dispatcher ops (``torch.ops.<namespace>.<op>``),
-so opcheck, autograd and torch.compile see an ordinary PyTorch operator. matmul is a
-function over its op that fills in allow_tf32 from torch's setting, which the op (on the
-stable ABI) cannot read; ``kernels.op(name)`` is any kernel's op.
+All four are dispatcher ops, so opcheck, autograd and torch.compile see ordinary PyTorch
+operators: vector_add, conv2d and bias_gelu are their kernels' ops (``torch.ops.<namespace>.<op>``,
+built on first use); matmul is ``torch.ops.kload_kernels.matmul``, a CompositeImplicitAutograd
+op that reads torch's TF32 setting (which the kernel's op, on the stable ABI, cannot) and calls
+the kernel's op with it. ``kernels.op(name)`` is any kernel's own op.
 """
 from __future__ import annotations
 
@@ -137,19 +138,27 @@ def op(name: str):
     return found
 
 
-def matmul(a: torch.Tensor, b: torch.Tensor, allow_tf32: bool | None = None) -> torch.Tensor:
-    """a @ b for 2-D a [M, K] and b [K, N], through kload's matmul op.
+# matmul, the public op: torch's TF32 setting is read in Python, since the kernel's op (on the
+# stable ABI) cannot read it, and passed on. CompositeImplicitAutograd: it decomposes into the
+# kernel's op, which autograd, fake tensors and torch.compile then see; the setting is read where
+# it decomposes, at each eager call as torch.matmul reads it, and when torch.compile traces.
+_LIB = torch.library.Library("kload_kernels", "FRAGMENT")
+_LIB.define("matmul(Tensor a, Tensor b, bool? allow_tf32=None) -> Tensor")
 
-    Args:
-        allow_tf32: whether float32 may run on a GPU's TF32 tensor cores (10-bit mantissa
-            inputs, fp32 sums). None: torch's setting (``torch.backends.cuda.matmul.allow_tf32``,
-            which ``torch.set_float32_matmul_precision("high")`` sets, or the newer
-            ``fp32_precision = "tf32"``), read at each call as ``torch.matmul`` does; under
-            ``torch.compile``, the setting when the graph was traced. The CPU ignores it.
+
+def _matmul(a: torch.Tensor, b: torch.Tensor, allow_tf32: bool | None = None) -> torch.Tensor:
+    """a @ b for 2-D a [M, K] and b [K, N], through kload's matmul kernel.
+
+    allow_tf32: whether float32 may run on a GPU's TF32 tensor cores (10-bit mantissa inputs,
+    fp32 sums). None: torch's setting (``torch.backends.cuda.matmul.allow_tf32``, which
+    ``torch.set_float32_matmul_precision("high")`` sets, or the newer ``fp32_precision =
+    "tf32"``); under ``torch.compile``, the setting when the graph was traced. The CPU ignores it.
     """
-    if allow_tf32 is None:
-        allow_tf32 = _tf32_when_traced() if torch.compiler.is_compiling() else _tf32_allowed()
-    return op("matmul")(a, b, allow_tf32)
+    return op("matmul")(a, b, _tf32_allowed() if allow_tf32 is None else allow_tf32)
+
+
+_LIB.impl("matmul", _matmul, "CompositeImplicitAutograd")
+matmul = torch.ops.kload_kernels.matmul
 
 
 def _tf32_allowed() -> bool:
@@ -159,12 +168,6 @@ def _tf32_allowed() -> bool:
         return bool(cuda_matmul.allow_tf32)
     except RuntimeError:  # torch >= 2.9 set through fp32_precision: the legacy flag refuses to answer
         return cuda_matmul.fp32_precision == "tf32"
-
-
-@torch.compiler.assume_constant_result
-def _tf32_when_traced() -> bool:
-    # run, not traced, by torch.compile (which can follow neither the try above nor fp32_precision)
-    return _tf32_allowed()
 
 
 def __getattr__(name: str):

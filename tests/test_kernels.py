@@ -215,9 +215,12 @@ SAMPLES = {
 
 @pytest.mark.parametrize("name", sorted(SAMPLES))
 def test_opcheck(name):
-    op = kernels.op(name)
-    for args in SAMPLES[name]():
-        torch.library.opcheck(op, args)
+    """From the public names (each one a dispatcher op), and each kernel's own op."""
+    public = getattr(kernels, name)
+    assert isinstance(public, torch._ops.OpOverloadPacket), type(public)  # as torch.ops.aten.mm
+    for op in {public, kernels.op(name)}:
+        for args in SAMPLES[name]():
+            torch.library.opcheck(op, args + ((False,) if op is not public and name == "matmul" else ()))
 
 
 @pytest.mark.parametrize("name", sorted(SAMPLES))
@@ -279,11 +282,14 @@ def test_matmul_follows_torchs_newer_tf32_setting_too():
             kernels.matmul(a, a.t())
         torch.backends.cuda.matmul.fp32_precision = "tf32"
 
-        def backend(gm, example_inputs):  # the traced graph's matmul calls: their allow_tf32
+        from torch._dynamo.backends.common import aot_autograd
+
+        def forward(gm, example_inputs):  # the traced graph's kernel calls (decomposed): their allow_tf32
             seen.extend(n.args[2] for n in gm.graph.nodes if n.op == "call_function" and "matmul" in str(n.target))
             return gm.forward
 
-        compiled = torch.compile(lambda x: kernels.matmul(x, x.t()), fullgraph=True, backend=backend)
+        compiled = torch.compile(lambda x: kernels.matmul(x, x.t()), fullgraph=True,
+                                 backend=aot_autograd(fw_compiler=forward))
         compiled(a)  # traced: reading the legacy flag there would raise
         print(json.dumps({"seen": seen}))
     """)
