@@ -73,6 +73,7 @@ upgrade-check: $(VENV)/.installed next-venv
 	KLOAD_PCH=0 KLOAD_CACHE_DIR=$$(mktemp -d) $(NEXT_PY) tests/cuda_check.py
 	KLOAD_PCH=0 KLOAD_CACHE_DIR=$$(mktemp -d) $(NEXT_PY) -m pytest -q -p no:cacheprovider tests/test_nvrtc.py
 	$(NEXT_PY) -m pytest -q -p no:cacheprovider tests/test_cuda_split.py
+	KLOAD_TORCH_FILES_TESTS=1 $(NEXT_PY) -m pytest -q -p no:cacheprovider tests/test_torch_pch.py
 
 # the benchmarks; the bench extra brings matplotlib (the kernels' chart) and the peers live.py runs
 bench: $(VENV)/.installed

@@ -9,9 +9,10 @@ functions here for a whole process (``KLOAD_PATCH_TORCH=1`` at ``import kload``)
 What differs from torch's loader, and why (docs/from-torch.md has the table):
 the build runs in kload's content-keyed cache, not in ``build_directory``; given
 one, the built library is linked into it under the name torch would give it, and
-that path is returned. ``keep_intermediates`` and ``use_pch`` change nothing
-(kload keeps its build directory for incremental rebuilds, and precompiles
-headers on its own: ``KLOAD_PCH``). SYCL and ROCm builds go to torch's loader.
+that path is returned. ``keep_intermediates`` changes nothing (kload keeps its
+build directory for incremental rebuilds); ``use_pch`` makes or removes torch's
+precompiled ``torch/extension.h`` as torch does, and kload precompiles headers on
+its own besides (``KLOAD_PCH``). SYCL and ROCm builds go to torch's loader.
 """
 from __future__ import annotations
 
@@ -157,8 +158,10 @@ def load_inline(*args: Any, **kwargs: Any) -> ModuleType | Handle | str:
         is_python_module: As for :func:`load`.
         with_pytorch_error_handling: Honoured.
         keep_intermediates: Ignored, as for :func:`load`.
-        use_pch: Ignored: kload precompiles the header a source starts with on its
-            own (``KLOAD_PCH``).
+        use_pch: Honoured as torch does: True builds torch's precompiled
+            ``torch/extension.h`` (and its ``.sign`` file) before the build, False
+            removes them. kload precompiles the header a source starts with on its own
+            either way (``KLOAD_PCH``).
         no_implicit_headers: Honoured.
 
     Returns:
@@ -179,8 +182,26 @@ def load_inline(*args: Any, **kwargs: Any) -> ModuleType | Handle | str:
         return TORCH_LOAD_INLINE(*args, **kwargs)
     files = inline_sources(a)
     folder = inline_folder(check_name(a["name"]), files)
+    torch_pch(a)
     paths = write_files(folder, files)
     return _build_and_load(a, [paths[f] for f in files], standalone=False)
+
+
+def torch_pch(a: dict[str, Any]) -> None:
+    """``use_pch`` as torch's load_inline has it: True makes (or keeps, if its signature
+    matches) torch's precompiled ``torch/extension.h`` beside the header, with its signature
+    file; False removes both. Torch's own functions do it, so the files, their command and
+    their checks are torch's; kload's compile may then use that file as torch's would (GCC
+    takes it when the flags match, and kload's key does not depend on it: the object code is
+    the same)."""
+    make = getattr(_torch_ext, "_check_and_build_extension_h_precompiler_headers", None)
+    remove = getattr(_torch_ext, "remove_extension_h_precompiler_headers", None)
+    if make is None or remove is None:  # a torch without use_pch: nothing to honour
+        return
+    if a.get("use_pch") is True:
+        make(a["extra_cflags"], a["extra_include_paths"])
+    else:
+        remove()
 
 
 def inline_sources(a: dict[str, Any]) -> dict[str, str]:
