@@ -116,6 +116,22 @@ for value in {values!r}:
     out.append(time.perf_counter() - t)
 print(json.dumps({{"times": out, "peak": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024}}))
 """
+TORCH_PCH_ROW = """
+import json, resource, time, torch
+from torch.utils.cpp_extension import load_inline, remove_extension_h_precompiler_headers
+text = {text!r}  # load_inline puts #include <torch/extension.h> first, where its precompiled file applies
+m = load_inline({name!r}, [text.replace("VALUE", "0")], build_directory={build!r}, use_pch=True)  # + the .gch
+x = torch.ones(1)
+m.bump(x)
+out = []
+for value in {values!r}:
+    t = time.perf_counter()
+    m = load_inline({name!r}, [text.replace("VALUE", str(value))], build_directory={build!r}, use_pch=True)
+    assert m.bump(x).item() == 2 + value
+    out.append(time.perf_counter() - t)
+remove_extension_h_precompiler_headers()  # torch's .gch would serve the other rows' compiles of torch/extension.h
+print(json.dumps({{"times": out, "peak": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024}}))
+"""
 CPPIMPORT_ROW = """
 import json, resource, sys, time
 from pathlib import Path
@@ -186,6 +202,12 @@ def row_specs(work: Path, cache: str, repeat: int) -> dict:
                                                            checks=checks, build=str(d / "build"), values=values,
                                                            text=CLASSIC),
                       {"TORCH_NO_COMPILER_WRAPPER": "1"})
+    d = work / "torch_pch"
+    (d / "build").mkdir(parents=True)
+    with_checks = CLASSIC.replace("#include <torch/extension.h>\n", f'#include <torch/extension.h>\n#include "{checks}"\n')
+    specs["torch_pch"] = (lambda values, d=d: TORCH_PCH_ROW.format(name="bump_torch_pch", build=str(d / "build"),
+                                                                   values=values, text=with_checks),
+                          {"TORCH_NO_COMPILER_WRAPPER": "1"})
     d = work / "cppimport"
     d.mkdir()
     specs["cppimport"] = (lambda values, d=d: CPPIMPORT_ROW.format(src=str(d / "x.cpp"), values=values,
@@ -203,6 +225,7 @@ LABELS = {
     "classic": "classic pybind11 (torch/extension.h), no PCH",
     "classic_pch": "classic pybind11, PCH",
     "torch": "classic, torch.utils.cpp_extension.load",
+    "torch_pch": "classic, torch's load_inline(use_pch=True)",
     "cppimport": "cppimport (pybind11 .cpp, no torch)",
     "tvm": "tvm-ffi load_inline (its TensorView style)",
     "stable_nopch": "stable-ABI op library (kload/stable.h), no PCH",
@@ -215,6 +238,8 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3, help="timed edits per row")
     ap.add_argument("--cuda", action="store_true",
                     help="the CUDA rows instead (live_cuda.py: NVRTC, nvcc with and without ATen, torch's load_inline)")
+    ap.add_argument("--rows", default="", help="comma-separated rows only (e.g. classic,classic_pch,torch,torch_pch); "
+                    "the ratios below need all")
     args = ap.parse_args()
     if args.cuda:
         import live_cuda
@@ -231,8 +256,10 @@ def main() -> None:
 
     # the precompiled headers, built once up front (as `kload build --pch` does for an image)
     specs = row_specs(work, cache, args.repeat)
+    if args.rows:
+        specs = {k: specs[k] for k in args.rows.split(",")}
     pch_seconds = {}
-    for key in ("full_pch", "classic_pch", "stable"):
+    for key in [k for k in ("full_pch", "classic_pch", "stable") if k in specs]:
         t = time.perf_counter()
         subprocess.run([sys.executable, "-m", "kload", "build", "--pch", str(work / key / "bump.cpp"),
                         "--name", f"bump_{key}"], check=True, env={**os.environ, "KLOAD_CACHE_DIR": cache},
@@ -248,13 +275,20 @@ def main() -> None:
             times[key] += res["times"]
             peaks[key] = max(peaks[key], res["peak"])
             notes[key] = res.get("pch", [])
-    for key in ("full_pch", "classic_pch", "stable"):
+    for key in [k for k in ("full_pch", "classic_pch", "stable") if k in specs]:
         if not any(str(n).startswith("used the precompiled") for n in notes.get(key, [])):
             print(f"WARNING: row {key} did not use a precompiled header: {notes.get(key)}")
 
     rows = []
     for key, ts in times.items():
         rows.append((LABELS[key], f"{min(ts):.2f} / {statistics.median(ts):.2f} s", f"{peaks[key] / 2**30:.2f} GB"))
+    if args.rows:
+        _print_rows(rows)
+        for key in [k for k in ("torch", "torch_pch") if k in specs and "classic_pch" in specs]:
+            print(f"  classic with kload's PCH vs {LABELS[key]} (medians)  "
+                  f"{statistics.median(times['classic_pch']) / statistics.median(times[key]):6.2f}x")
+        shutil.rmtree(work, ignore_errors=True)
+        return
     full, full_pch = statistics.median(times["full"]), statistics.median(times["full_pch"])
     classic, classic_pch = statistics.median(times["classic"]), statistics.median(times["classic_pch"])
 
@@ -285,13 +319,10 @@ def main() -> None:
             if mode == "pch":  # let its background build end before timing the other side
                 _wait_background(str(c))
 
-    w = 46
-    print()
-    print(f"{'edit -> new result (min / median)':<{w}}  {'time':>16}  {'peak memory':>11}")
-    for name, value, peak in rows:
-        print(f"{name:<{w}}  {value:>16}  {peak:>11}")
-    print()
+    _print_rows(rows)
     print("targets:")
+    for key in ("torch", "torch_pch"):
+        print(f"  classic with kload's PCH vs {LABELS[key]} (medians)  {classic_pch / statistics.median(times[key]):6.2f}x")
 
     def target(text, value, limit, unit="x"):
         ok = value <= limit
@@ -316,6 +347,15 @@ def main() -> None:
     print(f"per call: watched handle vs torch.ops: {per_call[0] * 1e6:.2f} vs {per_call[1] * 1e6:.2f} us = "
           f"{per_call[0] / per_call[1]:.2f}x (target <= 1.3x: {'met' if per_call[0] / per_call[1] <= 1.3 else 'MISSED'})")
     shutil.rmtree(work, ignore_errors=True)
+
+
+def _print_rows(rows) -> None:
+    w = 46
+    print()
+    print(f"{'edit -> new result (min / median)':<{w}}  {'time':>16}  {'peak memory':>11}")
+    for name, value, peak in rows:
+        print(f"{name:<{w}}  {value:>16}  {peak:>11}")
+    print()
 
 
 if __name__ == "__main__":

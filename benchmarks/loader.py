@@ -20,7 +20,10 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import time
 from pathlib import Path
+
+from common import wait_quiet
 
 ROOT = Path(__file__).resolve().parent.parent
 TUTORIAL = ROOT / "examples" / "tutorial_my_ops.cpp"
@@ -72,6 +75,10 @@ def run(code: str, env: dict) -> object:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def _list(xs) -> str:
+    return ", ".join(f"{x:.1f}" for x in xs) + " s"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=5, help="fresh processes per warm measurement")
@@ -92,15 +99,31 @@ def main() -> None:
                              + TUTORIAL.read_text())
         t_code = TORCH_RUN.format(src=str(for_torch), build=torch_build)
         k_code = KLOAD_RUN.format(src=str(OPLIB))
-        print(f"cold builds (empty caches, {args.cold_repeat} each, alternating) ...", flush=True)
-        colds_torch, colds_kload = [], []
+        print(f"cold builds (empty caches, {args.cold_repeat} each, alternating; each after the machine is quiet, "
+              "so no background precompile of the last one shares the cores) ...", flush=True)
+        colds_torch, colds_kload, colds_whole = [], [], []
+        whole_env = dict(env, KLOAD_TRIM="0")  # kload's cold build with ATen's whole API (before trim.py)
         for i in range(args.cold_repeat):
             for d in (torch_build, env["KLOAD_CACHE_DIR"]):
                 shutil.rmtree(d, ignore_errors=True)
             os.makedirs(torch_build)
+            wait_quiet()
             colds_torch.append(run(t_code, env))
+            wait_quiet()
             colds_kload.append(run(k_code, env)[0])
+            wait_quiet()
+            shutil.rmtree(env["KLOAD_CACHE_DIR"], ignore_errors=True)
+            colds_whole.append(run(k_code, whole_env)[0])
+        wait_quiet()
+        shutil.rmtree(env["KLOAD_CACHE_DIR"], ignore_errors=True)
+        started = time.perf_counter()  # what a precompile at install or import would have to finish first
+        subprocess.run([sys.executable, "-m", "kload", "build", "--pch"], env=env, check=True, capture_output=True)
+        pch_seconds = time.perf_counter() - started
+        shutil.rmtree(env["KLOAD_CACHE_DIR"], ignore_errors=True)
+        print(f"  torch {_list(colds_torch)}; kload {_list(colds_kload)}; kload, whole ATen {_list(colds_whole)}; "
+              f"`kload build --pch` {pch_seconds:.1f} s")
         cold_torch, cold_kload = statistics.median(colds_torch), statistics.median(colds_kload)
+        cold_whole = statistics.median(colds_whole)
         calls = run(PER_CALL.format(src=str(OPLIB)), env)
         b_code = BARE_RUN.format(so=calls["so"], ns=calls["namespace"])
         print(f"warm loads ({args.repeat} fresh processes each) ...", flush=True)
@@ -116,6 +139,8 @@ def main() -> None:
 
     rows = [
         ("cold first use", cold_torch, cold_kload, cold_kload / cold_torch, "<= 0.25x torch"),
+        ("  (kload with ATen's whole API, KLOAD_TRIM=0)", cold_torch, cold_whole, cold_whole / cold_torch, "(info)"),
+        ("  (`kload build --pch` alone, as at install)", cold_torch, pch_seconds, pch_seconds / cold_torch, "(info)"),
         ("warm first use (fresh process)", warm_torch, warm_kload, warm_kload / warm_torch, "<= 0.35x torch"),
         ("warm: import kload+load+call vs bare", warm_bare, warm_kload, warm_kload / warm_bare, "<= 1.5x bare"),
         ("  (the same without `import kload`)", warm_bare, warm_kload_load, warm_kload_load / warm_bare, "(info)"),

@@ -55,11 +55,11 @@ def check_private(path: Path, st: os.stat_result, what: str) -> None:
 
     if st.st_uid != me:
         raise KloadError(
-            f"kload: refusing {what} {path}: it is owned by uid {st.st_uid}, not by you (uid {me}). "
+            f"refusing {what} {path}: it is owned by uid {st.st_uid}, not by you (uid {me}). "
             "Loading from it would run another user's code; set KLOAD_CACHE_DIR to a directory of your own."
         )
     raise KloadError(
-        f"kload: refusing {what} {path}: it is writable by group or others (mode {st.st_mode & 0o777:o}), "
+        f"refusing {what} {path}: it is writable by group or others (mode {st.st_mode & 0o777:o}), "
         f"so anyone could replace what kload loads. Run `chmod go-w {path}` or set KLOAD_CACHE_DIR."
     )
 
@@ -88,7 +88,7 @@ def read_json(path) -> dict | None:
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as e:
-        log.warning("kload: ignoring unreadable %s (%s)", path, e)
+        log.warning("ignoring unreadable %s (%s)", path, e)
         return None
     return value if isinstance(value, dict) else None
 

@@ -73,20 +73,20 @@ def export(store: Store, entries: list[Entry], out: Path, kload_version: str) ->
     out = Path(out)
     chosen = list({e.path.name: e for e in entries}.values())
     if not chosen:
-        raise KloadError("kload: nothing to export")
+        raise KloadError("nothing to export")
     created = time.time()
     files, records, sources = {}, [], []
     with ExitStack() as held:
         for e in chosen:
             m = e.manifest
             if m.get("kind", "library") != "library":
-                raise KloadError(f"kload: {e.path.name} is a precompiled header ({m.get('kind')}); bundles carry "
+                raise KloadError(f"{e.path.name} is a precompiled header ({m.get('kind')}); bundles carry "
                                  "libraries only (run `kload build --pch` where they are needed)")
             held.enter_context(entry_in_use(e.path))  # eviction and `cache clear` wait for us
             art, name = e.artifact, m.get("artifact", "")
             sha = sha256_now(art)
             if "/" in name or sha is None or sha != m.get("sha256"):
-                raise KloadError(f"kload: cannot export {e.path.name}: its artifact does not match its manifest "
+                raise KloadError(f"cannot export {e.path.name}: its artifact does not match its manifest "
                                  "(run `kload cache verify`)")
             for fname, path, perm in ((MANIFEST, e.path / MANIFEST, 0o600), (name, art, 0o700)):
                 rel = f"entries/{e.path.name}/{fname}"
@@ -112,7 +112,7 @@ def export(store: Store, entries: list[Entry], out: Path, kload_version: str) ->
                             reader = _Hashing(src)
                             tf.addfile(_info(rel, files[rel]["size"], perm, created), reader)
                         if reader.h.hexdigest() != files[rel]["sha256"]:
-                            raise KloadError(f"kload: {path} changed while it was exported; try again")
+                            raise KloadError(f"{path} changed while it was exported; try again")
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, out)
@@ -128,7 +128,7 @@ def export(store: Store, entries: list[Entry], out: Path, kload_version: str) ->
 # -- import ---------------------------------------------------------------------------
 
 def _refused(bundle, why: str) -> KloadError:  # every refusal says which bundle, what, and that nothing changed
-    return KloadError(f"kload: refusing bundle {bundle}: {why}. Nothing was imported.")
+    return KloadError(f"refusing bundle {bundle}: {why}. Nothing was imported.")
 
 
 def _check_file(bundle, st: os.stat_result) -> None:
@@ -299,7 +299,7 @@ def import_bundle(store: Store, bundle: Path) -> list[dict]:
     try:  # O_NONBLOCK: a FIFO at that path is refused below, not waited on
         f = os.fdopen(os.open(bundle, os.O_RDONLY | os.O_NONBLOCK), "rb")
     except OSError as e:
-        raise KloadError(f"kload: cannot read bundle {bundle}: {e.strerror or e}") from None
+        raise KloadError(f"cannot read bundle {bundle}: {e.strerror or e}") from None
     with f:
         _check_file(bundle, os.fstat(f.fileno()))
         try:

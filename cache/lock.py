@@ -20,7 +20,7 @@ def build_lock(path: Path, what: str):
     try:
         lock.acquire(timeout=0)
     except Timeout:
-        log.info("kload: waiting for another process that is building %s (lock %s)", what, path)
+        log.info("waiting for another process that is building %s (lock %s)", what, path)
         lock.acquire()
     try:
         yield

@@ -44,6 +44,7 @@ from . import LAST_USED, MANIFEST, SCHEMA, Entry
 from .bundle import publish_staged
 from .key import manifest_problem
 from .store import Store
+from kload.messages import msg
 
 PREFIX = f"kload:{SCHEMA}:"
 MAX_ARTIFACT = 4 << 30      # bytes: a manifest that claims more is refused unread
@@ -102,7 +103,7 @@ class Remote:
                  ttl: int | None, chunk: int):
         scheme = urlsplit(url).scheme
         if scheme not in ("redis", "rediss", "unix"):
-            raise ValueError(f"kload: KLOAD_REMOTE_CACHE={redact(url)!r} is not a redis://, rediss:// or unix:// URL")
+            raise ValueError(msg(f"KLOAD_REMOTE_CACHE={redact(url)!r} is not a redis://, rediss:// or unix:// URL"))
         self.where = redact(url)
         self.secret, self.ttl, self.chunk = secret, ttl, max(MIN_CHUNK, chunk)
         self.refused: set[tuple[str, str]] = set()  # (key, manifest digest) refused in this process

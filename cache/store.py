@@ -31,6 +31,7 @@ from kload.errors import KloadError
 from . import (HITS, LAST_USED, MANIFEST, RACY_NS, SCHEMA, Entry, check_private, entry_in_use,  # noqa: F401
                hit_manifest, hit_record_path, read_json, stamp_of)
 from .key import settled, sha256_now, unchanged, workspace_key
+from kload.messages import msg
 
 log = logging.getLogger("kload")
 
@@ -43,7 +44,7 @@ def writable_error(root: Path, e: OSError) -> KloadError:
            errno.EROFS: "it is on a read-only file system", errno.EACCES: "permission denied",
            errno.EPERM: "permission denied"}.get(e.errno, e.strerror or str(e))
     return KloadError(
-        f"kload: cannot write the cache at {root}: {why} ({e.filename or root}). Existing entries are untouched "
+        f"cannot write the cache at {root}: {why} ({e.filename or root}). Existing entries are untouched "
         "and still load; to build, free space or set KLOAD_CACHE_DIR to a writable directory."
     )
 
@@ -63,7 +64,7 @@ def parse_size(text: str) -> int | None:
     except ValueError:
         value = -1.0
     if unit not in units or value < 0:
-        raise ValueError(f"kload: not a size: {text!r} (use a number of bytes, or e.g. 500M, 10G)")
+        raise ValueError(msg(f"not a size: {text!r} (use a number of bytes, or e.g. 500M, 10G)"))
     return int(value * units[unit])
 
 
@@ -204,10 +205,10 @@ class Store:
         manifest = read_json(path / MANIFEST)
         if manifest is None:
             if path.exists():
-                log.warning("kload: entry %s has no readable manifest; rebuilding", path.name)
+                log.warning("entry %s has no readable manifest; rebuilding", path.name)
             return None
         if manifest.get("schema") != SCHEMA or (key is not None and manifest.get("key") != key):
-            log.warning("kload: entry %s does not match its index; rebuilding", path.name)
+            log.warning("entry %s does not match its index; rebuilding", path.name)
             return None
         entry = Entry(path, manifest)
         check_private(path, os.stat(path), "cache entry")
@@ -225,10 +226,10 @@ class Store:
             os.replace(path, dest)
             (dest / "QUARANTINED").write_text(problem + "\n")
         except OSError as e:
-            log.warning("kload: entry %s is unusable (%s) and could not be quarantined (%s); rebuilding",
+            log.warning("entry %s is unusable (%s) and could not be quarantined (%s); rebuilding",
                         path.name, problem, e)
             return None
-        log.warning("kload: entry %s is unusable (%s); moved to %s, rebuilding", path.name, problem, dest)
+        log.warning("entry %s is unusable (%s); moved to %s, rebuilding", path.name, problem, dest)
         return dest
 
     @staticmethod
@@ -318,7 +319,7 @@ class Store:
             return
         if limit is not None:
             for gone in self.evict_to(limit, keep={keep}):
-                log.info("kload: evicted %s (least recently used; KLOAD_CACHE_MAX_SIZE)", gone.path.name)
+                log.info("evicted %s (least recently used; KLOAD_CACHE_MAX_SIZE)", gone.path.name)
 
     def evict_to(self, max_bytes: int, keep: set[str] = frozenset()) -> list[Entry]:
         """Remove least-recently-used entries until the entries total at most

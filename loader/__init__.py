@@ -11,7 +11,7 @@ import logging
 
 # A cache hit imports these, what they import (options, fingerprint, resolve, library)
 # and kload.cache; the rest loads when first needed.
-from . import knobs
+from . import knobs, messages  # messages: the prefix on every kload log record
 from .api import load, load_inline
 from .handle import HISTORY, Handle
 

@@ -26,6 +26,7 @@ from . import knobs
 from .cli_cache import cmd_clear, cmd_info, cmd_list, cmd_prune, cmd_verify, human_size
 from .cli_cache import cmd_export, cmd_import
 from .errors import KloadError
+from .messages import msg
 
 
 # -- build / explain ---------------------------------------------------------------------
@@ -53,13 +54,13 @@ def cmd_build(args) -> int:
         if not args.sources:
             return 0
     elif not args.sources:
-        raise KloadError("kload: build needs SOURCES (or --pch alone, to precompile <kload/kernel.h>)")
+        raise KloadError("build needs SOURCES (or --pch alone, to precompile <kload/kernel.h>)")
     built = _handle(args).build()
     name = args.name or Path(args.sources[0]).stem
     changed = built.entry.changed_during_build
     if changed:  # a prebuild no later load can find: say so, as a failure (a script runs it again)
-        print(f"kload: {name}: {', '.join(changed)} changed while it compiled; nothing usable was cached, "
-              "run the build again", file=sys.stderr)
+        print(msg(f"{name}: {', '.join(changed)} changed while it compiled; nothing usable was cached, "
+              "run the build again"), file=sys.stderr)
         return 1
     how = f"built in {built.seconds:.1f} s" if built.how == "built" else "already in the cache"
     print(f"{name}: {how}: {built}")
@@ -94,7 +95,7 @@ def cmd_explain(args) -> int:
     from kload.cache.store import Store
 
     if not args.sources:
-        raise KloadError("kload: explain needs SOURCES")
+        raise KloadError("explain needs SOURCES")
     from .explain import explain_plan
     from .plan import make_plan
 
@@ -109,7 +110,7 @@ def cmd_ide(args) -> int:
     from .ide import write_ide
 
     if not args.sources:
-        raise KloadError("kload: ide needs SOURCES")
+        raise KloadError("ide needs SOURCES")
     target, n = write_ide(_handle(args), args.out)
     print(f"{target}: {n} compile command{'s' if n != 1 else ''} for {args.name or Path(args.sources[0]).stem} "
           "(clangd and editors read it from there)")
@@ -126,8 +127,8 @@ def _remote_cmd(name: str):
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="kload", description="kload: JIT-compiled kernels for PyTorch; "
-                                f"cache at $KLOAD_CACHE_DIR (now {knobs.cache_dir()})")
+    p = argparse.ArgumentParser(prog="kload", description=msg("JIT-compiled kernels for PyTorch; "
+                                f"cache at $KLOAD_CACHE_DIR (now {knobs.cache_dir()})"))
     sub = p.add_subparsers(dest="command", required=True)
 
     cache = sub.add_parser("cache", help="inspect and manage the cache")
@@ -193,8 +194,7 @@ def main(argv=None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except (KloadError, ValueError, OSError, TypeError) as e:
-        msg = str(e)
-        print(msg if msg.startswith("kload:") else f"kload: {msg}", file=sys.stderr)
+        print(msg(str(e)), file=sys.stderr)
         return 1
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from . import knobs
 from .handle import Handle
 from .options import check_name, make_options, source_paths
+from .messages import msg
 
 
 def load(
@@ -82,7 +83,7 @@ def _as_text(value: str | Sequence[str] | None, what: str) -> str:
         return value
     if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
         return "\n".join(value)
-    raise TypeError(f"kload: {what} must be a string or a list of strings, got {type(value).__name__}")
+    raise TypeError(msg(f"{what} must be a string or a list of strings, got {type(value).__name__}"))
 
 
 _STABLE_WORDS = ("TORCH_BOX", "torch::stable::", "kload::Tensor", "STABLE_TORCH_LIBRARY")
@@ -176,7 +177,7 @@ def load_inline(
     if not cpp.strip() and not cuda.strip():
         from .errors import KloadError
 
-        raise KloadError("kload: load_inline() needs cpp_sources or cuda_sources")
+        raise KloadError("load_inline() needs cpp_sources or cuda_sources")
     files = {}
     if cpp.strip():
         files[f"{name}.cpp"] = default_header(cpp) + cpp

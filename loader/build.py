@@ -19,32 +19,16 @@ from pathlib import Path
 from kload.cache.key import CHANGED_MARK, file_sha256, full_key, settled, stamp_of, stat_stamp, written_since
 from kload.cache.store import Store, move_aside, read_json, write_atomic, write_json_atomic
 
-from . import foreground, knobs, linking, pch, split_build, toolchain, torchbuild
+from . import foreground, knobs, linking, pch, split_build, toolchain, torchbuild, trim
 from .errors import CompileError, KloadError
 from .plan import Plan
 from .compilers import cuda_toolkit, launchers, parallel_jobs
 from .progress import BuildProgress
+from .torchbuild import forget_objects, ninja_deps
 
 log = logging.getLogger("kload")
 
 NS_SOURCE = "_kload_ns_.cpp"
-
-
-def ninja_deps(ws: Path) -> dict[str, list[str]]:
-    """object file -> every file its compile read (ninja's record of the depfiles)."""
-    proc = subprocess.run(["ninja", "-t", "deps"], cwd=ws, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise KloadError(f"kload: could not read the header dependencies in {ws}: {proc.stderr.strip()}")
-    deps: dict[str, list[str]] = {}
-    current: list[str] | None = None
-    for line in proc.stdout.splitlines():
-        if not line.strip():
-            continue
-        if not line.startswith(" "):
-            current = deps.setdefault(line.split(":", 1)[0], []) if "#deps" in line else None
-        elif current is not None:
-            current.append(os.path.normpath(os.path.join(ws, line.strip())))
-    return deps
 
 
 def header_closure(ws: Path, plan: Plan, deps: dict[str, list[str]], pch_headers: set[str],
@@ -54,7 +38,7 @@ def header_closure(ws: Path, plan: Plan, deps: dict[str, list[str]], pch_headers
     the headers it was made from are in, when a compile used it (its dependency
     file does not list them), so the key is the same with or without it."""
     if not deps:
-        raise KloadError(f"kload: ninja recorded no header dependencies in {ws}; refusing to cache a build "
+        raise KloadError(f"ninja recorded no header dependencies in {ws}; refusing to cache a build "
                          "whose inputs cannot all be seen")
     skip = {str(p) for p in plan.built}
     system = toolchain.system_prefixes(plan.with_cuda) + pch_dirs
@@ -99,7 +83,7 @@ def write_compdb(ws: Path, split: split_build.SplitBuild) -> None:
     if proc.returncode == 0 and proc.stdout.strip().startswith("["):
         write_atomic(ws / COMPDB, json.dumps(split.compdb(json.loads(proc.stdout)), indent=2))
     else:
-        log.warning("kload: could not write %s in %s: %s", COMPDB, ws, proc.stderr.strip())
+        log.warning("could not write %s in %s: %s", COMPDB, ws, proc.stderr.strip())
 
 
 RECORD = "kload_inputs.json"  # in the build directory: content hashes of the last build's inputs
@@ -113,14 +97,8 @@ def forget_stale_objects(ws: Path) -> None:
     if not record:
         return
     changed = {p for p, sha in record.items() if file_sha256(p) != sha}
-    if not changed:
-        return
-    for obj, files in ninja_deps(ws).items():
-        if changed.intersection(files):
-            try:
-                os.unlink(ws / obj)
-            except FileNotFoundError:
-                pass
+    if changed:
+        forget_objects(ws, changed)
 
 
 @dataclass(frozen=True)
@@ -155,7 +133,7 @@ def compile(plan: Plan, store: Store, ws: Path) -> Compiled:
     from .progress import say
 
     linking.forget_fast_linker(plan.cxx, list(plan.opts.ldflags), store.root)
-    say(f"kload: gold failed to link {plan.name} ({error}); linking again with the "
+    say(f"gold failed to link {plan.name} ({error}); linking again with the "
         "compiler's default linker, and without gold from now on", warning=True)
     return _compile(plan, store, ws, link_flags(plan, store))
 
@@ -194,7 +172,7 @@ def _reset_interrupted(ws: Path, name: str) -> None:
         return
     holder = marker.read_text(errors="replace").strip()
     trash = move_aside(ws)
-    log.warning("kload: the last build of %s (%s) was interrupted; starting it again from a clean directory",
+    log.warning("the last build of %s (%s) was interrupted; starting it again from a clean directory",
                 name, holder or "unknown process")
     shutil.rmtree(trash, ignore_errors=True)
 
@@ -202,6 +180,7 @@ def _reset_interrupted(ws: Path, name: str) -> None:
 def _compile(plan: Plan, store: Store, ws: Path, link: list[str]) -> Compiled:
     name = plan.name
     pchs = pch.PrecompiledHeaders(plan, store)  # check the precompiled headers (and say if one is damaged)
+    trimmed = trim.Trim(plan, ws, trim.HEADER in pchs.ready)
     if ws.exists():
         _reset_interrupted(ws, name)
     ws.mkdir(mode=0o700, exist_ok=True)
@@ -237,13 +216,24 @@ def _compile(plan: Plan, store: Store, ws: Path, link: list[str]) -> Compiled:
                 objects = [str(o) for o in split.compile()]
                 sources = split.others(sources, ws)
                 _unlink(artifact)  # its new objects are not inputs ninja sees: link again
-            registered = torchbuild.run(plan, ws, sources, pchs.cflags(), link + objects, artifact)
+            trimmed.prepare()
+            cflags = trimmed.cflags() + pchs.cflags()
+            try:
+                registered = torchbuild.run(plan, ws, sources, cflags, link + objects, artifact)
+            except CompileError as e:
+                if not trimmed.may_explain(e.raw):
+                    raise
+                log.info("%s did not compile with ATen trimmed to the functions it names; compiling it "
+                         "with the whole API", name)
+                trimmed.give_up()
+                registered = torchbuild.run(plan, ws, sources, cflags, link + objects, artifact)
             seconds = time.perf_counter() - started
             deps = ninja_deps(ws)
             deps.update(split.deps())
             write_compdb(ws, split)
             notes = pchs.report(deps, ws, since)
-            progress.finish(f"kload: built {name} in {seconds:.1f} s{pchs.summary()}{split.summary()}")
+            progress.finish(f"built {name} in {seconds:.1f} s{pchs.summary()}{trimmed.summary()}"
+                            f"{split.summary()}")
     except KloadError:  # a CompileError, or a library refused before loading (linking.check_artifact)
         os.unlink(ws / BUILDING)  # a finished (failed) build; the directory stays valid
         raise
@@ -259,7 +249,7 @@ def _compile(plan: Plan, store: Store, ws: Path, link: list[str]) -> Compiled:
         if changed:  # this process runs the build; no later lookup finds it, the next build recompiles
             from .progress import say
 
-            say(f"kload: {', '.join(changed)} changed while {name} compiled; this build is not reused (the next "
+            say(f"{', '.join(changed)} changed while {name} compiled; this build is not reused (the next "
                 "load compiles again)", warning=True)
             mark = CHANGED_MARK + uuid.uuid4().hex
             for p in changed:
@@ -289,6 +279,7 @@ def _compile(plan: Plan, store: Store, ws: Path, link: list[str]) -> Compiled:
         "inputs": inputs,
         "changed_during_build": changed,
         "cuda_split": split.manifest(),
+        "trimmed": trimmed.manifest(),  # a trimmed ATen's headers (null: the whole API or the PCH)
     })
 
 

@@ -42,12 +42,12 @@ def open_store():
 def _find(store, key: str):
     key = key.strip()
     if len(key) < 4:
-        raise KloadError(f"kload: a key prefix needs at least 4 characters, got {key!r}")
+        raise KloadError(f"a key prefix needs at least 4 characters, got {key!r}")
     found = [e for e in store.all_entries() if e.key.startswith(key) or e.path.name.startswith(key)]
     if not found:
-        raise KloadError(f"kload: no entry in {store.root} matches {key!r} (see `python -m kload cache list`)")
+        raise KloadError(f"no entry in {store.root} matches {key!r} (see `python -m kload cache list`)")
     if len(found) > 1:
-        raise KloadError(f"kload: {key!r} matches {len(found)} entries: "
+        raise KloadError(f"{key!r} matches {len(found)} entries: "
                          + ", ".join(e.path.name for e in found) + "; give more of the key")
     return found[0]
 
@@ -144,13 +144,13 @@ def cmd_prune(args) -> int:
     from kload.cache.store import GRACE, dir_size, parse_size
 
     if args.max_size is None and args.older_than is None:
-        raise KloadError("kload: cache prune needs --max-size SIZE and/or --older-than DAYS")
+        raise KloadError("cache prune needs --max-size SIZE and/or --older-than DAYS")
     store = open_store()
     used = {e.path.name: e.last_used() for e in store.all_entries()}
     removed = []
     if args.older_than is not None:
         if args.older_than < 0:
-            raise KloadError(f"kload: --older-than must be a number of days >= 0, got {args.older_than}")
+            raise KloadError(f"--older-than must be a number of days >= 0, got {args.older_than}")
         cutoff = time.time() - args.older_than * 86400
         for e in store.all_entries():
             if e.last_used() < cutoff:
@@ -223,17 +223,17 @@ def select_entries(store, names, every: bool, latest: bool) -> list:
     libs = [e for e in built if not e.changed_during_build]
     if every:
         if names:
-            raise KloadError("kload: cache export takes NAMEs or --all, not both")
+            raise KloadError("cache export takes NAMEs or --all, not both")
         if not libs:
-            raise KloadError(f"kload: the cache at {store.root} has no library entry to export")
+            raise KloadError(f"the cache at {store.root} has no library entry to export")
         return libs
     if not names:
-        raise KloadError("kload: cache export needs NAMEs (library names or key prefixes) or --all")
+        raise KloadError("cache export needs NAMEs (library names or key prefixes) or --all")
     chosen = []
     for n in names:
         same = [e for e in libs if e.manifest.get("name") == n]
         if not same and any(e.manifest.get("name") == n for e in built):
-            raise KloadError(f"kload: every build of {n} in {store.root} had a file saved while it compiled "
+            raise KloadError(f"every build of {n} in {store.root} had a file saved while it compiled "
                              "(no load would find it): load or build it again, then export")
         if same and latest:
             same = [max(same, key=lambda e: e.manifest.get("created", 0.0))]

@@ -15,12 +15,12 @@ from .remote import client_for, upload
 def _remote() -> Remote:
     url = knobs.remote_cache()
     if url is None:
-        raise KloadError("kload: no remote cache: set KLOAD_REMOTE_CACHE=redis://HOST:PORT/DB")
+        raise KloadError("no remote cache: set KLOAD_REMOTE_CACHE=redis://HOST:PORT/DB")
     return client_for(url)
 
 
 def _unusable(r: Remote, e: RemoteError) -> KloadError:
-    return KloadError(f"kload: the remote cache {r.where} is unusable: {e}")
+    return KloadError(f"the remote cache {r.where} is unusable: {e}")
 
 
 def cmd_push(args) -> int:
@@ -54,7 +54,7 @@ def cmd_pull(args) -> int:
         found = [e for e in found if any(e["name"] == n or (len(n) >= 4 and e["key"].startswith(n))
                                          for n in args.names)]
         if not found:
-            raise KloadError(f"kload: no entry on {r.where} matches {' '.join(args.names)} "
+            raise KloadError(f"no entry on {r.where} matches {' '.join(args.names)} "
                              "(see `kload cache list --remote`)")
     store = open_store()
     pulled = refused = 0

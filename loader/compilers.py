@@ -35,8 +35,8 @@ def launchers(store: Store, plan: Plan):
             real = shutil.which(cxx_command())
             launcher = shutil.which(cxx_l)
             if not real or not launcher:
-                raise KloadError(f"kload: KLOAD_CXX_LAUNCHER={cxx_l!r}: not found on PATH" if not launcher
-                                 else f"kload: compiler {cxx_command()!r} not found on PATH")
+                raise KloadError(f"KLOAD_CXX_LAUNCHER={cxx_l!r}: not found on PATH" if not launcher
+                                 else f"compiler {cxx_command()!r} not found on PATH")
             text = f'#!/bin/sh\nexec {shlex.quote(launcher)} {shlex.quote(real)} "$@"\n'
             d = store.root / "launchers" / hashlib.sha256(text.encode()).hexdigest()[:12]
             wrapper = d / "c++"  # torch accepts a compiler by this name
@@ -73,7 +73,7 @@ def cuda_toolkit(plan: Plan):
             if where in ("default", "detected"):
                 from .progress import say
 
-                say(f"kload: TORCH_CUDA_ARCH_LIST is unset: building {plan.name}'s CUDA code for {archs} "
+                say(f"TORCH_CUDA_ARCH_LIST is unset: building {plan.name}'s CUDA code for {archs} "
                     + ("only, the GPU here" if where == "detected" else "(no GPU here)")
                     + " (set TORCH_CUDA_ARCH_LIST for other GPUs)")
             yield

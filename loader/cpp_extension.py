@@ -66,7 +66,7 @@ def _torch_only(a: dict) -> str | None:
 
 
 def _said(reason: str, name: str) -> None:
-    log.warning("kload: %r goes to torch's own loader, which builds what kload does not: %s", name, reason)
+    log.warning("%r goes to torch's own loader, which builds what kload does not: %s", name, reason)
 
 
 # load and load_inline take *args/**kwargs bound to the installed torch's signature

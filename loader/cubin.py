@@ -121,7 +121,7 @@ def build(store: Store, plan: Plan, source_path: str) -> Entry:
     out = nvrtc.compile(text, source_path, plan.options, plan.names, str(log_path))
     changed = plan.changed()
     if changed:
-        say(f"kload: {', '.join(changed)} changed while NVRTC compiled {os.path.basename(source_path)}; this "
+        say(f"{', '.join(changed)} changed while NVRTC compiled {os.path.basename(source_path)}; this "
             "image is not reused (the next load compiles again)", warning=True)
         plan = plan.unreusable()
     suffix = ".ptx" if plan.target.startswith("compute_") else ".cubin"

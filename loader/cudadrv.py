@@ -33,7 +33,7 @@ def driver() -> ctypes.CDLL:
                 try:
                     lib = ctypes.CDLL("libcuda.so.1")
                 except OSError as e:
-                    raise KloadError(f"kload: the CUDA driver (libcuda.so.1) cannot be loaded: {e}") from None
+                    raise KloadError(f"the CUDA driver (libcuda.so.1) cannot be loaded: {e}") from None
                 lib.cuGetErrorName.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
                 lib.cuLaunchKernel.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 6 + [
                     ctypes.c_uint, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
@@ -56,14 +56,14 @@ def load_library(image: bytes) -> ctypes.c_void_p:
     lib, handle = driver(), ctypes.c_void_p()
     buf = ctypes.create_string_buffer(image if not image.startswith(b"//") else image + b"\0", len(image) + 1)
     _check(lib, lib.cuLibraryLoadData(ctypes.byref(handle), buf, None, None, 0, None, None, 0),
-           "kload: cuLibraryLoadData")
+           "cuLibraryLoadData")
     return handle
 
 
 def get_kernel(library: ctypes.c_void_p, lowered: str) -> ctypes.c_void_p:
     lib, kern = driver(), ctypes.c_void_p()
     _check(lib, lib.cuLibraryGetKernel(ctypes.byref(kern), library, lowered.encode()),
-           f"kload: cuLibraryGetKernel({lowered})")
+           f"cuLibraryGetKernel({lowered})")
     return kern
 
 
@@ -71,9 +71,9 @@ def allow_shared(kernel: ctypes.c_void_p, smem: int, device: int) -> None:
     """Let ``kernel`` use ``smem`` bytes of dynamic shared memory on ``device`` (needed above 48 KiB)."""
     lib = driver()
     dev = ctypes.c_int()
-    _check(lib, lib.cuDeviceGet(ctypes.byref(dev), device), "kload: cuDeviceGet")
+    _check(lib, lib.cuDeviceGet(ctypes.byref(dev), device), "cuDeviceGet")
     _check(lib, lib.cuKernelSetAttribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem, kernel, dev),
-           f"kload: {smem} bytes of dynamic shared memory")
+           f"{smem} bytes of dynamic shared memory")
 
 
 _primary: dict[int, ctypes.c_void_p] = {}
@@ -87,12 +87,12 @@ def ensure_context(device: int) -> None:
     ctx = _primary.get(device)
     if ctx is None:
         dev, ctx = ctypes.c_int(), ctypes.c_void_p()
-        _check(lib, lib.cuDeviceGet(ctypes.byref(dev), device), "kload: cuDeviceGet")
-        _check(lib, lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev), "kload: cuDevicePrimaryCtxRetain")
+        _check(lib, lib.cuDeviceGet(ctypes.byref(dev), device), "cuDeviceGet")
+        _check(lib, lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev), "cuDevicePrimaryCtxRetain")
         ctx = _primary.setdefault(device, ctx)  # retained once per device and process
-    _check(lib, lib.cuCtxGetCurrent(ctypes.byref(cur)), "kload: cuCtxGetCurrent")
+    _check(lib, lib.cuCtxGetCurrent(ctypes.byref(cur)), "cuCtxGetCurrent")
     if cur.value != ctx.value:
-        _check(lib, lib.cuCtxSetCurrent(ctx), "kload: cuCtxSetCurrent")
+        _check(lib, lib.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
 
 
 def launch(kernel, grid: tuple, block: tuple, smem: int, stream: int, params, what) -> None:
@@ -111,7 +111,7 @@ _BLOCK_MAX, _GRID_MAX = (1024, 1024, 64), ((1 << 31) - 1, 65535, 65535)
 def _dims(value, what: str, name: str) -> tuple[int, int, int]:
     dims = tuple(value) if isinstance(value, (tuple, list)) else (value,)
     if not 1 <= len(dims) <= 3 or not all(isinstance(d, int) and not isinstance(d, bool) for d in dims):
-        raise KloadError(f"kload: {name}: {what} must be an int or a tuple of 1 to 3 ints, got {value!r}")
+        raise KloadError(f"{name}: {what} must be an int or a tuple of 1 to 3 ints, got {value!r}")
     return dims + (1,) * (3 - len(dims))
 
 
@@ -119,18 +119,18 @@ def launch_config(name: str, config) -> tuple[tuple, tuple, int]:
     """``kernel[grid, block]`` / ``[grid, block, shared_bytes]`` -> (grid, block, smem),
     each dimension checked against CUDA's limits (a KloadError says which and why)."""
     if not isinstance(config, tuple) or len(config) not in (2, 3):
-        raise KloadError(f"kload: {name}[...] takes [grid, block] or [grid, block, shared_bytes], got {config!r}")
+        raise KloadError(f"{name}[...] takes [grid, block] or [grid, block, shared_bytes], got {config!r}")
     grid, block = _dims(config[0], "grid", name), _dims(config[1], "block", name)
     smem = config[2] if len(config) == 3 else 0
     if not isinstance(smem, int) or smem < 0:
-        raise KloadError(f"kload: {name}: shared_bytes must be an int >= 0, got {smem!r}")
+        raise KloadError(f"{name}: shared_bytes must be an int >= 0, got {smem!r}")
     for what, dims, top in (("grid", grid, _GRID_MAX), ("block", block, _BLOCK_MAX)):
         for axis, d, t in zip("xyz", dims, top):
             if not 1 <= d <= t:
-                raise KloadError(f"kload: {name}: {what}.{axis} = {d}; CUDA allows 1 to {t}")
+                raise KloadError(f"{name}: {what}.{axis} = {d}; CUDA allows 1 to {t}")
     threads = block[0] * block[1] * block[2]
     if threads > 1024:
-        raise KloadError(f"kload: {name}: a block of {block[0]}x{block[1]}x{block[2]} = {threads} threads; "
+        raise KloadError(f"{name}: a block of {block[0]}x{block[1]}x{block[2]} = {threads} threads; "
                          "CUDA allows at most 1024")
     return grid, block, smem
 
@@ -209,10 +209,10 @@ def pack(name: str, params: list, args: tuple) -> tuple:
     checked), a bool -> 0/1, bytes -> a struct of the same size. Returns the ``void**``
     array and the buffers it points into (keep both alive over the launch)."""
     if len(args) != len(params):
-        raise KloadError(f"kload: {name} takes {len(params)} arguments, got {len(args)}")
+        raise KloadError(f"{name} takes {len(params)} arguments, got {len(args)}")
     bufs = []
     for i, (arg, (kind, size)) in enumerate(zip(args, params)):
-        where = f"kload: {name}: argument {i} ({type(arg).__name__})"
+        where = f"{name}: argument {i} ({type(arg).__name__})"
         if hasattr(arg, "data_ptr"):
             if kind == "f" or size != 8:
                 raise KloadError(f"{where}: the kernel takes a {size}-byte {'float' if kind == 'f' else 'value'} "

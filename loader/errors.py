@@ -4,9 +4,17 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from .messages import msg
+
 
 class KloadError(RuntimeError):
-    """Anything kload refuses to do, with a message that says why."""
+    """Anything kload refuses to do, with a message that says why (``kload: `` is
+    added to it here)."""
+
+    def __init__(self, *args):
+        if args and isinstance(args[0], str):
+            args = (msg(args[0]),) + args[1:]
+        super().__init__(*args)
 
 
 class CompileError(KloadError):
@@ -17,7 +25,8 @@ class CompileError(KloadError):
         self.diagnostics = diagnostics
         self.log_path = log_path
         self.raw = raw
-        super().__init__(format_compile_error(name, diagnostics, log_path, raw))
+        # the compiler's digest, as it is: no prefix ("building 'name' failed" and the errors)
+        RuntimeError.__init__(self, format_compile_error(name, diagnostics, log_path, raw))
 
     def _render_traceback_(self):
         """IPython/Jupyter show this short digest instead of a traceback through kload."""

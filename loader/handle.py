@@ -19,6 +19,7 @@ from . import knobs
 from .library import Loaded, load_entry
 from .options import Options
 from .resolve import Resolved, resolve_entry
+from .messages import msg
 
 log = logging.getLogger("kload")
 
@@ -112,7 +113,7 @@ class Handle:
 
         loaded = self._ensure()
         if not loaded.namespaces:
-            raise AttributeError(f"kload: {self._opts.name!r} registers no operators (it is a pybind11 module)")
+            raise AttributeError(msg(f"{self._opts.name!r} registers no operators (it is a pybind11 module)"))
         return getattr(torch.ops, loaded.namespaces[0])
 
     @property
@@ -143,8 +144,8 @@ class Handle:
                         "pch": entry.manifest.get("pch") if how == "built" else None})
         if how != "built":  # a build's summary replaced its progress line already
             ms = seconds * 1e3
-            text = (f"kload: loaded {self._opts.name} from cache in {ms:.1f} ms" if ms < 10 else
-                    f"kload: loaded {self._opts.name} from cache in {ms:.0f} ms")
+            text = (f"loaded {self._opts.name} from cache in {ms:.1f} ms" if ms < 10 else
+                    f"loaded {self._opts.name} from cache in {ms:.0f} ms")
             if knobs.output_mode() is None:
                 log.info("%s", text)  # what say() would do, without importing the progress display
             else:
@@ -250,7 +251,7 @@ class Handle:
             from .progress import say
 
             self.__dict__[slot] = text
-            say(f"kload: rebuilding {self._opts.name} failed; still running the last good build.\n{text}",
+            say(f"rebuilding {self._opts.name} failed; still running the last good build.\n{text}",
                 error=True)
 
     def __getattr__(self, attr: str):
@@ -262,17 +263,15 @@ class Handle:
         value = loaded.attribute(attr)
         if value is None:
             names = loaded.names()
-            raise AttributeError(
-                f"kload: {self._opts.name!r} has no op or function {attr!r}; it has: "
-                + (", ".join(names) if names else "(nothing)")
-            )
+            raise AttributeError(msg(f"{self._opts.name!r} has no op or function {attr!r}; it has: "
+                                     + (", ".join(names) if names else "(nothing)")))
         self.__dict__[attr] = value
         if self._stale or self._loaded is not loaded:  # a save marked meanwhile (after the watcher's drop),
             self.__dict__.pop(attr, None)              # or another thread's rebuild: keep none of it
         return value
 
     def __setattr__(self, attr, value):
-        raise AttributeError(f"kload: a handle's attributes are its ops; cannot set {attr!r}")
+        raise AttributeError(msg(f"a handle's attributes are its ops; cannot set {attr!r}"))
 
     def __dir__(self):
         base = ["build", "load", "reload", "ops", "module", "namespace", "names"]

@@ -48,7 +48,7 @@ def build_commands(handle: Handle) -> list[dict]:
     try:
         commands = json.loads((ws / COMPDB).read_text())
     except (OSError, ValueError, TypeError):  # TypeError: an entry without key inputs has no directory
-        raise KloadError(f"kload: {built.entry.manifest.get('name')!r} is in the cache, but its build directory has "
+        raise KloadError(f"{built.entry.manifest.get('name')!r} is in the cache, but its build directory has "
                          f"no {COMPDB} ({ws}): the entry was imported or built by an older kload. `kload cache "
                          "clear` and build it again to make one.") from None
     own = set(built.sources)  # the user's files (not kload's generated namespace source)
@@ -76,7 +76,7 @@ def write_ide(handle: Handle, out_dir: str | os.PathLike | None = None) -> tuple
         except (OSError, ValueError):
             existing = None
         if not isinstance(existing, list):
-            raise KloadError(f"kload: {target} exists and is not a compilation database; move it away")
+            raise KloadError(f"{target} exists and is not a compilation database; move it away")
     mine = {c["file"] for c in commands}
     merged = [c for c in existing if not (isinstance(c, dict) and c.get("file") in mine)] + commands
     write_atomic(target, json.dumps(merged, indent=2) + "\n", mode=0o644)

@@ -12,6 +12,7 @@ import os
 import sys
 from contextlib import contextmanager
 from pathlib import Path
+from .messages import msg
 
 
 @contextmanager
@@ -93,6 +94,14 @@ def pch() -> bool:
     into the cache (GCC only) and compile every source that includes one first with
     it. 0: parse the headers in every compile."""
     return _flag("KLOAD_PCH", True)
+
+
+def trim() -> bool:
+    """``KLOAD_TRIM`` (default 1): a build that cannot use the precompiled
+    <kload/kernel.h> (the first, before it exists; KLOAD_PCH=0; not GCC) parses ATen
+    without <ATen/Functions.h>, plus the operator headers its sources name (trim.py).
+    0: the whole API."""
+    return _flag("KLOAD_TRIM", True)
 
 
 def lean_cuda() -> bool:
@@ -219,7 +228,7 @@ def _seconds(name: str, default: str) -> float | None:
     except ValueError:
         value = -1.0
     if not 0 < value < 1e9:  # also nan and inf
-        raise ValueError(f"kload: {name}={text!r} is not a duration (use seconds, or e.g. 90s, 15m, 7d)")
+        raise ValueError(msg(f"{name}={text!r} is not a duration (use seconds, or e.g. 90s, 15m, 7d)"))
     return value
 
 

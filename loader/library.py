@@ -61,7 +61,7 @@ def check_fixed_namespaces(name: str, namespaces: list[str], key: str | None, op
             continue
         if owner is not None or _has_any_op(ns, list(ops)):
             raise _error(
-                f"kload: {name!r} registers TORCH_LIBRARY({ns}, ...), and this process already has "
+                f"{name!r} registers TORCH_LIBRARY({ns}, ...), and this process already has "
                 f"operators in namespace {ns!r}"
                 + (" from an earlier build of it" if owner else "")
                 + ". PyTorch registers a namespace once per process, so this build cannot be loaded "
@@ -93,7 +93,7 @@ def register_cuda_stubs(loaded: Loaded, name: str, reason: str):
 
             def _no_cuda(*args, _op=op, **kwargs):
                 raise _error(
-                    f"kload: {name}.{_op} was called with CUDA tensors, but {name!r} was built without "
+                    f"{name}.{_op} was called with CUDA tensors, but {name!r} was built without "
                     f"its CUDA sources: {reason}"
                 )
 
@@ -135,12 +135,12 @@ def load_stable(entry: Entry, path: str) -> tuple[list[str], str | None]:
     target = m["stable_target"]
     have = torch_release()
     if have < tuple(int(x) for x in target.split(".")):
-        raise _error(f"kload: {name!r} is a stable-ABI build for torch {target} and later, and this torch is "
+        raise _error(f"{name!r} is a stable-ABI build for torch {target} and later, and this torch is "
                      f"{torch.__version__}: upgrade torch, or rebuild with KLOAD_STABLE_TARGET={have[0]}.{have[1]}")
     try:
         lib = ctypes.CDLL(path)
     except OSError as e:
-        raise _error(f"kload: cannot load {path}: {e}") from None
+        raise _error(f"cannot load {path}: {e}") from None
     if not hasattr(lib, "kload_stable_register"):  # STABLE_TORCH_LIBRARY(ns, m): registered on opening
         return [], None
     lib.kload_stable_describe.restype = ctypes.c_char_p
@@ -150,12 +150,12 @@ def load_stable(entry: Entry, path: str) -> tuple[list[str], str | None]:
     for line in lib.kload_stable_describe().decode("utf-8", "replace").splitlines():
         kind, _, rest = line.partition("\t")
         if kind == "error":
-            raise _error(f"kload: {name!r}: a KLOAD_LIBRARY/KLOAD_IMPL block failed: {rest}")
+            raise _error(f"{name!r}: a KLOAD_LIBRARY/KLOAD_IMPL block failed: {rest}")
         if kind == "def":
             try:
                 torch._C.parse_schema(rest)
             except RuntimeError as e:
-                raise _error(f"kload: {name!r} defines an invalid schema {rest!r}: {e}") from None
+                raise _error(f"{name!r} defines an invalid schema {rest!r}: {e}") from None
             schemas.append(rest)
         elif kind == "impl":
             kernels.add(tuple(rest.split("\t", 1)))
@@ -165,17 +165,17 @@ def load_stable(entry: Entry, path: str) -> tuple[list[str], str | None]:
     note = None
     if last is not None and last[1] == schemas_t and kernels_f >= last[2]:
         ns, impl_only = last[0], 1
-        note = f"kload: {name}: schemas unchanged; the new kernels run under the same names (torch.ops.{ns})"
+        note = f"{name}: schemas unchanged; the new kernels run under the same names (torch.ops.{ns})"
     else:
         ns, impl_only = f"kload_{name}_{entry.key[:10]}", 0
         if ops_in_namespace(ns):  # cannot happen for one artifact; never register a namespace twice
             ns = f"{ns}_{len(_stable_last)}"
         if last is not None:
             why = "its schemas changed" if last[1] != schemas_t else "it no longer has a kernel the last build had"
-            note = f"kload: {name}: {why}, so its ops are now in torch.ops.{ns} (torch.ops.{last[0]} keeps the last build)"
+            note = f"{name}: {why}, so its ops are now in torch.ops.{ns} (torch.ops.{last[0]} keeps the last build)"
     err = lib.kload_stable_register(ns.encode(), impl_only)
     if err:
-        raise _error(f"kload: registering the ops of {name!r} failed: {err.decode('utf-8', 'replace')}")
+        raise _error(f"registering the ops of {name!r} failed: {err.decode('utf-8', 'replace')}")
     _stable_last[ident] = (ns, schemas_t, kernels_f)
     return [ns], note
 
@@ -259,7 +259,7 @@ def load_entry(entry: Entry) -> Loaded:
             except (OSError, ImportError) as e:
                 cause = e.__cause__ or e
                 hint = f" (its CUDA sources were not built: {m['cuda_skipped']})" if m.get("cuda_skipped") else ""
-                raise _error(f"kload: cannot load {path}: {cause}{hint}") from None
+                raise _error(f"cannot load {path}: {cause}{hint}") from None
         if fixed:
             claim_fixed_namespaces(fixed, entry.key)
         loaded = Loaded(entry, module, own + fixed, note)

@@ -58,9 +58,9 @@ def inspect(path: str | os.PathLike) -> Artifact:
         proc = subprocess.run(["readelf", "-W", "--dynamic", "--dyn-syms", str(path)], capture_output=True,
                               text=True, timeout=120)
     except (OSError, subprocess.TimeoutExpired) as e:
-        raise KloadError(f"kload: cannot inspect {path} with readelf: {e}") from None
+        raise KloadError(f"cannot inspect {path} with readelf: {e}") from None
     if proc.returncode != 0:
-        raise KloadError(f"kload: cannot inspect {path} with readelf: {proc.stderr.strip()}")
+        raise KloadError(f"cannot inspect {path} with readelf: {proc.stderr.strip()}")
     needed, defines, uses = [], [], False
     for line in proc.stdout.splitlines():
         if "(NEEDED)" in line and "[" in line:
@@ -91,7 +91,7 @@ def check_artifact(path: str | os.PathLike, name: str, cxx: dict) -> None:
     why = private_runtime(inspect(path))
     if why:
         raise KloadError(
-            f"kload: refusing to load {name!r}: {why}. An exception thrown in it would crash this process. "
+            f"refusing to load {name!r}: {why}. An exception thrown in it would crash this process. "
             f"The compiler {cxx['command']} ({cxx['version']}) finds no usable shared libstdc++.so; "
             f"set CXX to a compiler that does (e.g. CXX=/usr/bin/g++). Nothing was cached.")
 
@@ -102,7 +102,7 @@ def _probe(cxx: str, obj: Path, flags: list[str], out: Path) -> tuple[Artifact |
         proc = subprocess.run([cxx, "-shared", str(obj), *flags, "-o", str(out)], capture_output=True,
                               text=True, timeout=120)
     except subprocess.TimeoutExpired:  # not a fact of the toolchain: nothing is remembered
-        raise KloadError(f"kload: the link probe of {cxx} did not finish in 120 s") from None
+        raise KloadError(f"the link probe of {cxx} did not finish in 120 s") from None
     except OSError as e:
         return None, str(e)
     if proc.returncode != 0:
@@ -117,7 +117,7 @@ def _find(cxx: str, ldflags: list[str], want_fast: bool) -> tuple[bool, list[str
     try:
         tmp_dir = tempfile.TemporaryDirectory(prefix="kload-link-")
     except OSError as e:
-        raise KloadError(f"kload: no temporary directory for the link probe ({e}); set TMPDIR") from None
+        raise KloadError(f"no temporary directory for the link probe ({e}); set TMPDIR") from None
     with tmp_dir as tmp:
         src, obj = Path(tmp, "probe.cpp"), Path(tmp, "probe.o")
         src.write_text(_PROBE)
@@ -125,9 +125,9 @@ def _find(cxx: str, ldflags: list[str], want_fast: bool) -> tuple[bool, list[str
             proc = subprocess.run([cxx, "-fPIC", "-c", str(src), "-o", str(obj)], capture_output=True, text=True,
                                   timeout=120)
         except (OSError, subprocess.TimeoutExpired) as e:
-            raise KloadError(f"kload: the compiler {cxx} could not compile a one-line C++ file: {e}") from None
+            raise KloadError(f"the compiler {cxx} could not compile a one-line C++ file: {e}") from None
         if proc.returncode != 0:
-            raise KloadError(f"kload: the compiler {cxx} cannot compile a one-line C++ file:\n"
+            raise KloadError(f"the compiler {cxx} cannot compile a one-line C++ file:\n"
                              f"{(proc.stderr or proc.stdout).strip()}")
         out = Path(tmp, "probe.so")
         fast, notes = False, []
@@ -139,14 +139,14 @@ def _find(cxx: str, ldflags: list[str], want_fast: bool) -> tuple[bool, list[str
                              "linking with the compiler's default linker")
         art, err = _probe(cxx, obj, user, out)
         if art is None:
-            raise KloadError(f"kload: the compiler {cxx} cannot link a shared C++ library:\n{err}")
+            raise KloadError(f"the compiler {cxx} cannot link a shared C++ library:\n{err}")
         why = private_runtime(art)
         if why is None:
             return fast, [], "; ".join(notes) or None
         fixed, err = _probe(cxx, obj, user + [RUNTIME_FIX], out)
         if fixed is None or private_runtime(fixed) is not None:
             raise KloadError(
-                f"kload: the compiler {cxx} links libstdc++.a into shared libraries (its libstdc++.so is "
+                f"the compiler {cxx} links libstdc++.a into shared libraries (its libstdc++.so is "
                 f"missing or unusable: {why}), and linking {RUNTIME_FIX} did not repair it"
                 + (f" ({err.splitlines()[-1]})" if err else "")
                 + ". Such a library crashes the process on its first C++ exception, so kload builds nothing with "
@@ -178,7 +178,7 @@ def link_facts(cxx: dict, ldflags: list[str], cache_root: Path, want_fast: bool)
     if note:
         from .progress import say
 
-        say(f"kload: {note}", warning=True)
+        say(f"{note}", warning=True)
     known[key] = [fast, flags]
     save_memo(cache_root)
     return LinkFacts(fast, flags)

@@ -58,10 +58,10 @@ class CudaModule:
                              _lock=threading.RLock(), _said_failed=set(), compiles=0, _kernels={}, _on_edit=[],
                              _wanted={})
         if not os.path.isfile(self.path):
-            raise KloadError(f"kload: no such kernel file: {self.path}")
+            raise KloadError(f"no such kernel file: {self.path}")
         bad = [o for o in self.options if o.startswith(("-arch", "--gpu-architecture"))]
         if bad or not all(isinstance(n, str) and n for n in self._names):
-            raise KloadError(f"kload: cuda_module({os.path.basename(self.path)!r}): " + (
+            raise KloadError(f"cuda_module({os.path.basename(self.path)!r}): " + (
                 f"{bad[0]!r}: the target is each device's own (mod.compile(target) without a GPU)" if bad
                 else f"names must be kernel names or name expressions (strings), got {sorted(map(repr, names))}"))
         if knobs.reload() if reload is None else reload:
@@ -82,7 +82,7 @@ class CudaModule:
             try:
                 hook()
             except Exception as e:  # noqa: BLE001 - a timer thread: report, keep the last good kernels
-                log.warning("kload: %s\nkload: the last good kernels of %s keep serving", e,
+                log.warning("%s\nkload: the last good kernels of %s keep serving", e,
                             os.path.basename(self.path))
 
     def on_edit(self, hook) -> None:
@@ -147,7 +147,7 @@ class CudaModule:
                     raise
                 if str(e) not in self._said_failed:
                     self._said_failed.add(str(e))
-                    log.warning("kload: %s\nkload: the last good kernels of %s keep serving", e,
+                    log.warning("%s\nkload: the last good kernels of %s keep serving", e,
                                 os.path.basename(self.path))
         return self._images[target]
 
@@ -160,7 +160,7 @@ class CudaModule:
             started = time.perf_counter()
             entry = cubin.build(self.store, plan, self.path)
             self.__dict__["compiles"] = self.compiles + 1
-            log.info("kload: NVRTC compiled %s for %s in %.0f ms", os.path.basename(self.path), target,
+            log.info("NVRTC compiled %s for %s in %.0f ms", os.path.basename(self.path), target,
                      (time.perf_counter() - started) * 1e3)
         if "_files" in self.__dict__:  # reload on save: watch the headers too
             watch.watch(self, [f for f in plan.files if not f.startswith("<")])
@@ -263,7 +263,7 @@ class Launch:
                 elif d != index:
                     index = -2
         if index is None or index < 0:
-            raise KloadError(f"kload: {name}: the tensor arguments must be on one CUDA device, got "
+            raise KloadError(f"{name}: the tensor arguments must be on one CUDA device, got "
                              f"{sorted({str(a.device) for a in args if isinstance(a, torch.Tensor)}) or 'none'}")
         target = _ARCH.get(index) or device_target(index)
         with torch.cuda.device(index):
@@ -277,7 +277,7 @@ class Launch:
         del keep
 
     def _describe(self) -> str:
-        return (f"kload: launching {self.kernel.name} ({os.path.basename(self.kernel.mod.path)}) with grid "
+        return (f"launching {self.kernel.name} ({os.path.basename(self.kernel.mod.path)}) with grid "
                 f"{self.grid}, block {self.block}, {self.smem} shared bytes")
 
 

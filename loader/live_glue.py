@@ -37,9 +37,9 @@ class Glue:
         try:
             lib = ctypes.CDLL(path)  # the library is loaded already: this is its handle, not a second copy
         except OSError as e:
-            raise KloadError(f"kload: cannot open {path}: {e}") from None
+            raise KloadError(f"cannot open {path}: {e}") from None
         if not hasattr(lib, "kload_live_v1_count"):
-            raise KloadError(f"kload: {os.path.basename(path)} was given device_code but declares no "
+            raise KloadError(f"{os.path.basename(path)} was given device_code but declares no "
                              "kload::live::Kernel (#include <kload/live.h>; see its first lines)")
         lib.kload_live_v1_name.restype = ctypes.c_char_p
         lib.kload_live_v1_name.argtypes = [ctypes.c_int]

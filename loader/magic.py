@@ -33,6 +33,7 @@ from .api import cell_pch_source, default_header, inline_folder, load, write_fil
 from .errors import CompileError, KloadError, diagnostic_lines
 from .handle import HISTORY
 from .options import check_name
+from .messages import PREFIX
 
 MAX_LINES = 40
 
@@ -43,7 +44,7 @@ class CellError(KloadError):
 
     def __init__(self, text: str):
         super().__init__(text)
-        self.text = text
+        self.text = self.args[0]  # with the prefix
 
     def _render_traceback_(self):  # IPython shows these lines instead of a traceback
         return self.text.splitlines()
@@ -55,7 +56,7 @@ def cell_error_text(name: str, err: CompileError, cell_file: str) -> str:
             return d.location()
         return f"line {d.line}" + (f", column {d.column}" if d.column is not None else "")
 
-    lines = [f"kload: cell {name!r} did not compile"] + diagnostic_lines(err.diagnostics, err.raw, where)
+    lines = [f"cell {name!r} did not compile"] + diagnostic_lines(err.diagnostics, err.raw, where)
     lines.append(f"  full compiler output: {err.log_path}")
     if len(lines) > MAX_LINES:
         lines = lines[: MAX_LINES - 1] + [lines[-1]]
@@ -64,17 +65,17 @@ def cell_error_text(name: str, err: CompileError, cell_file: str) -> str:
 
 @contextmanager
 def cell_errors(name: str | None = None, cell_file: str | None = None, catch=(KloadError, OSError),
-                prefix: str = "kload: "):
+                prefix: str = ""):
     """What goes wrong in a cell as a short CellError: a compile error in the cell's line
     numbers (with ``cell_file``), anything else of ``catch`` as its message."""
     try:
         yield
     except CompileError as e:
         if cell_file is None:
-            raise CellError(str(e) if str(e).startswith("kload:") else prefix + str(e)) from None
+            raise CellError(str(e) if str(e).startswith(PREFIX) else prefix + str(e)) from None
         raise CellError(cell_error_text(name, e, cell_file)) from None
     except catch as e:
-        raise CellError(str(e) if str(e).startswith("kload:") else prefix + str(e)) from None
+        raise CellError(str(e) if str(e).startswith(PREFIX) else prefix + str(e)) from None
 
 
 def has_bindings(cell: str) -> bool:
@@ -114,7 +115,7 @@ class KloadMagics(Magics):
     def kload(self, line, cell):
         """Compile the cell's C++/CUDA (or find it in the cache) and bind NAME to it."""
         args = parse_argstring(self.kload, line)
-        with cell_errors(catch=ValueError, prefix=f"kload: %%kload {line}: "):  # a bad name, an unbalanced quote
+        with cell_errors(catch=ValueError, prefix=f"%%kload {line}: "):  # a bad name, an unbalanced quote
             name = check_name(args.name)
             flags = [shlex.split(f) for f in (args.cflags, args.cuda_cflags, args.ldflags)]
         suffix = ".cu" if args.cuda else ".cpp"
@@ -146,7 +147,7 @@ class KloadMagics(Magics):
             from .ide import write_ide
 
             if len(words) < 2:
-                raise CellError("kload: %kload ide needs SOURCES (the .cpp/.cu files of one library)")
+                raise CellError("%kload ide needs SOURCES (the .cpp/.cu files of one library)")
             with cell_errors():
                 target, n = write_ide(load(*words[1:], reload=False))
             print(f"{target}: {n} compile command{'s' if n != 1 else ''}")
@@ -180,7 +181,7 @@ def prebuild_cell_pch() -> list:
             opts = make_options("kload_cell", [cell_pch_source(stable)], [], [], [], [], False, None, False)
             started += prebuild(opts, Store(knobs.cache_dir()))
         except Exception as e:  # noqa: BLE001 - a missing PCH only costs time (stable.h: torch < 2.10)
-            logging.getLogger("kload").info("kload: not precompiling %s for cells: %s",
+            logging.getLogger("kload").info("not precompiling %s for cells: %s",
                                             "<kload/stable.h>" if stable else "<kload/kernel.h>", e)
     return started
 

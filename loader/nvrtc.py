@@ -53,7 +53,7 @@ class Library:
                                 ctypes.CDLL(b, mode=ctypes.RTLD_GLOBAL)
                         self._cdll = ctypes.CDLL(self.path)
                     except OSError as e:
-                        raise KloadError(f"kload: NVRTC at {self.path} cannot be loaded: {e}") from None
+                        raise KloadError(f"NVRTC at {self.path} cannot be loaded: {e}") from None
         return self._cdll
 
     @property
@@ -89,7 +89,7 @@ def library() -> Library:
     if _lib is None:
         found = _candidates()
         if not found:
-            raise KloadError("kload: NVRTC (libnvrtc) was not found; it comes with a CUDA build of torch "
+            raise KloadError("NVRTC (libnvrtc) was not found; it comes with a CUDA build of torch "
                              "(nvidia/cu13/lib in site-packages) or a CUDA toolkit (CUDA_HOME/lib64)")
         _lib = Library(found[0])
     return _lib
@@ -110,7 +110,7 @@ def _check(rc: int, what: str) -> None:
     if rc != 0:
         err = library().cdll
         err.nvrtcGetErrorString.restype = ctypes.c_char_p
-        raise KloadError(f"kload: NVRTC {what} failed: {err.nvrtcGetErrorString(rc).decode()}")
+        raise KloadError(f"NVRTC {what} failed: {err.nvrtcGetErrorString(rc).decode()}")
 
 
 def _bytes(cdll, prog, what: str) -> bytes:
@@ -206,7 +206,7 @@ def ptx_params(ptx: str) -> dict[str, list[list]]:
                 continue
             q = _PARAM.match(p)
             if q is None:
-                raise KloadError(f"kload: cannot read the PTX parameter {p!r} of {m['name']}")
+                raise KloadError(f"cannot read the PTX parameter {p!r} of {m['name']}")
             size = int(q["bits"]) // 8 * (int(q["n"]) if q["n"] else 1)
             params.append([q["type"], size])
         out[m["name"]] = params

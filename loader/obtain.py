@@ -100,7 +100,7 @@ def refusal(plan: Plan, store: Store) -> KloadError:
 
     reasons = explain_plan(plan, store).reasons
     return KloadError(
-        f"kload: KLOAD_DISABLE_JIT=1 and the cache at {store.root} has no build of {plan.name!r} for "
+        f"KLOAD_DISABLE_JIT=1 and the cache at {store.root} has no build of {plan.name!r} for "
         "these inputs, so nothing is compiled" + "".join(f"\n  {r}" for r in reasons)
         + "\nPrebuild it into the cache with `python -m kload build SOURCES...` (same flags), or unset "
         "KLOAD_DISABLE_JIT."

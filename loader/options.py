@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 
 from . import knobs
+from .messages import msg
 
 CPP_SUFFIXES = (".cpp", ".cc", ".cxx", ".c++", ".c")
 CUDA_SUFFIXES = (".cu",)
@@ -40,9 +41,9 @@ def _is_c_identifier(name: str) -> bool:
 
 def check_name(name: str) -> str:
     if not isinstance(name, str) or not _is_c_identifier(name):
-        raise ValueError(
-            f"kload: name must be a C identifier (letters, digits, underscores; not starting with a digit), got {name!r}"
-        )
+        raise ValueError(msg(
+            f"name must be a C identifier (letters, digits, underscores; not starting with a digit), got {name!r}"
+        ))
     return name
 
 
@@ -59,7 +60,7 @@ def source_paths(sources) -> list[Path]:
     texts: list[str] = []
     for s in sources:
         if not isinstance(s, (str, Path)):
-            raise TypeError(f"kload: a source must be a path, got {type(s).__name__}: {s!r}")
+            raise TypeError(msg(f"a source must be a path, got {type(s).__name__}: {s!r}"))
         text = os.fspath(s)
         if text.startswith("~"):
             text = os.path.expanduser(text)
@@ -67,21 +68,21 @@ def source_paths(sources) -> list[Path]:
         suffix = os.path.splitext(text)[1]
         if suffix.lower() not in CPP_SUFFIXES + CUDA_SUFFIXES:
             raise _error(
-                f"kload: unsupported source type {suffix or '(no suffix)'!r} for {text}; "
+                f"unsupported source type {suffix or '(no suffix)'!r} for {text}; "
                 f"expected one of {', '.join(CPP_SUFFIXES + CUDA_SUFFIXES)} (headers are found through #include)"
             )
         if not os.path.isfile(text):
-            raise FileNotFoundError(f"kload: source file not found: {text}")
+            raise FileNotFoundError(msg(f"source file not found: {text}"))
         if text in texts:
-            raise _error(f"kload: source listed twice: {text}")
+            raise _error(f"source listed twice: {text}")
         texts.append(text)
     if not texts:
-        raise _error("kload: load() needs at least one source file")
+        raise _error("load() needs at least one source file")
     stems = [os.path.splitext(os.path.basename(t))[0] for t in texts if not t.endswith(CUDA_SUFFIXES)]
     dup = {s for s in stems if stems.count(s) > 1}
     if dup:
         # torch names object files after the stem: two a.cpp would overwrite each other's a.o
-        raise _error(f"kload: two C++ sources share the file name {sorted(dup)[0]!r}; rename one")
+        raise _error(f"two C++ sources share the file name {sorted(dup)[0]!r}; rename one")
     return [Path(t) for t in texts]
 
 
@@ -110,11 +111,11 @@ def _flag_list(value, what: str, kinds=(str,)) -> list:
     if value is None:
         return []
     if isinstance(value, (str, os.PathLike)):
-        raise TypeError(f"kload: {what} must be a list of strings, got {value!r} (wrap it in a list)")
+        raise TypeError(msg(f"{what} must be a list of strings, got {value!r} (wrap it in a list)"))
     out = list(value)
     for v in out:
         if not isinstance(v, kinds):
-            raise TypeError(f"kload: {what} must contain strings, got {type(v).__name__}: {v!r}")
+            raise TypeError(msg(f"{what} must contain strings, got {type(v).__name__}: {v!r}"))
     return out
 
 
@@ -125,13 +126,13 @@ def make_options(name, paths, extra_cflags, extra_cuda_cflags, extra_ldflags, ex
             for p in _flag_list(extra_include_paths, "extra_include_paths", (str, os.PathLike))]
     for inc in incs:
         if not os.path.isdir(inc) and not as_torch:  # torch's loader passes a missing one on to the compiler
-            raise FileNotFoundError(f"kload: include directory not found: {inc}")
+            raise FileNotFoundError(msg(f"include directory not found: {inc}"))
     if device_code is not None:
         if not isinstance(device_code, (str, os.PathLike)):
-            raise TypeError(f"kload: device_code must be a path, got {type(device_code).__name__}: {device_code!r}")
+            raise TypeError(msg(f"device_code must be a path, got {type(device_code).__name__}: {device_code!r}"))
         device_code = os.path.abspath(os.path.expanduser(os.fspath(device_code)))
         if not os.path.isfile(device_code):
-            raise FileNotFoundError(f"kload: device code file not found: {device_code}")
+            raise FileNotFoundError(msg(f"device code file not found: {device_code}"))
     return Options(
         name=check_name(name if name is not None else default_name(paths[0])),
         paths=paths,

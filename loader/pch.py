@@ -182,7 +182,7 @@ class PrecompiledHeaders:
                 notes[base] = f"used the precompiled <{header}> ({self.ready[header].path.name})"
                 self.used.add(header)
         for text in notes.values():
-            log.info("kload: %s", text)
+            log.info("%s", text)
         return notes
 
     def _refused(self, pp: PchPlan) -> str:

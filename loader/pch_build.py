@@ -109,9 +109,9 @@ def check(pp: PchPlan, store: Store) -> Entry | None:
             return entry
     dest = store.quarantine(pp.path, f"precompiled <{pp.header}>: {problem}")
     if dest is None and pp.path.exists():
-        raise KloadError(f"kload: the precompiled header {pp.path} is unusable ({problem}) and cannot be moved "
+        raise KloadError(f"the precompiled header {pp.path} is unusable ({problem}) and cannot be moved "
                          "aside; remove it, or set KLOAD_PCH=0")
-    log.warning("kload: the precompiled <%s> was unusable (%s); compiling without it, and building a new one",
+    log.warning("the precompiled <%s> was unusable (%s); compiling without it, and building a new one",
                 pp.header, problem)
     return None
 
@@ -128,7 +128,7 @@ def torch_ninja_variables(*, name: str, sources: list[str], cflags: list[str], c
 
     writer = getattr(cpp_extension, "_write_ninja_file_to_build_library", None)
     if writer is None:
-        raise KloadError("kload: this torch has no ninja writer that kload can read flags from")
+        raise KloadError("this torch has no ninja writer that kload can read flags from")
     with tempfile.TemporaryDirectory(prefix="kload-flags-") as d:
         values = dict(path=os.path.join(d, "build.ninja"), name=name, sources=list(sources),
                       extra_cflags=list(cflags), extra_cuda_cflags=list(cuda_cflags), extra_sycl_cflags=[],
@@ -137,7 +137,7 @@ def torch_ninja_variables(*, name: str, sources: list[str], cflags: list[str], c
         params = inspect.signature(writer).parameters
         missing = [p for p, v in params.items() if p not in values and v.default is inspect.Parameter.empty]
         if missing:
-            raise KloadError(f"kload: torch's ninja writer wants {missing}, which kload does not know")
+            raise KloadError(f"torch's ninja writer wants {missing}, which kload does not know")
         writer(**{k: v for k, v in values.items() if k in params})
         text = Path(values["path"]).read_text()
     found = {}
@@ -169,7 +169,7 @@ def _depfile_headers(depfile: Path, system: tuple[str, ...], header: str) -> dic
             continue
         sha = file_sha256(p)
         if sha is None:
-            raise KloadError(f"kload: a header the precompile of <{header}> read is unreadable now: {p}")
+            raise KloadError(f"a header the precompile of <{header}> read is unreadable now: {p}")
         out[p] = sha
     return out
 
@@ -207,7 +207,7 @@ def build(spec: dict, *, wait: bool = False, background: bool = False) -> Entry 
             cmd = [spec["cxx"]] + flags + ["-x", "c++-header", source, "-o", str(gch), "-MD", "-MF", str(depfile)]
         except Exception as e:  # noqa: BLE001 - a torch whose ninja writer kload cannot read
             _failed(store, key).write_text(f"{e}\n")
-            raise KloadError(f"kload: cannot precompile <{header}>: {e}") from None
+            raise KloadError(f"cannot precompile <{header}>: {e}") from None
         started, paused = time.perf_counter(), 0.0
         if background:
             returncode, paused = foreground.run_yielding(cmd, ws, ws / "compiler.out")
@@ -220,13 +220,13 @@ def build(spec: dict, *, wait: bool = False, background: bool = False) -> Entry 
         if returncode != 0:
             # the key holds all that decides the outcome: do not try this one again
             _failed(store, key).write_text((ws / "build.log").read_text())
-            raise KloadError(f"kload: precompiling <{header}> failed (exit {returncode}); "
+            raise KloadError(f"precompiling <{header}> failed (exit {returncode}); "
                              f"see {_failed(store, key)}")
         headers = _depfile_headers(depfile, toolchain.system_prefixes(spec["with_cuda"]) + (str(ws) + os.sep,),
                                    header)
         entry = _publish(store, pp, gch, headers, {"build_seconds": round(seconds, 3), "command": cmd,
                                                    "paused_seconds": round(paused, 3)})
-        log.info("kload: precompiled <%s> in %.1f s (%.0f MB): %s", header, seconds,
+        log.info("precompiled <%s> in %.1f s (%.0f MB): %s", header, seconds,
                  entry.manifest["size"] / 1e6, entry.path)
         shutil.rmtree(ws, ignore_errors=True)
         store.evict_after_publish(entry.path.name, knobs.cache_max_size())
@@ -290,7 +290,7 @@ def start(pp: PchPlan, store: Store) -> bool:
     if _failed(store, pp.key).exists():
         if pp.key not in _said_failed:
             _said_failed.add(pp.key)
-            log.warning("kload: precompiling <%s> failed before (%s); compiling without it", pp.header,
+            log.warning("precompiling <%s> failed before (%s); compiling without it", pp.header,
                         _failed(store, pp.key))
         return False
     try:
@@ -308,9 +308,9 @@ def start(pp: PchPlan, store: Store) -> bool:
                 [sys.executable, "-m", "kload.pch_build", str(spec_path)], stdin=subprocess.DEVNULL,
                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
     except (OSError, KloadError) as e:  # a full or read-only cache: no precompile, the build goes on
-        log.warning("kload: cannot start precompiling <%s>: %s", pp.header, e)
+        log.warning("cannot start precompiling <%s>: %s", pp.header, e)
         return False
-    log.info("kload: precompiling <%s> in the background (%s)", pp.header, pp.path.name)
+    log.info("precompiling <%s> in the background (%s)", pp.header, pp.path.name)
     return True
 
 

@@ -19,6 +19,7 @@ from .fingerprint import cxx_command, host_cpu, keyed_environment, python_identi
 from .options import Options, include_dir
 from .sources import SourceSet, no_bindings, scan
 from .toolchain import CudaArchs
+from .messages import msg
 
 log = logging.getLogger("kload")
 
@@ -115,13 +116,13 @@ def stable_target(name: str) -> tuple[int, int]:
     try:
         major, minor = (int(x) for x in text.split("."))
     except ValueError:
-        raise KloadError(f"kload: KLOAD_STABLE_TARGET={text!r} is not a torch release like 2.10") from None
+        raise KloadError(f"KLOAD_STABLE_TARGET={text!r} is not a torch release like 2.10") from None
     have = torch_release()
     if (major, minor) < (2, 10):
-        raise KloadError(f"kload: KLOAD_STABLE_TARGET={text}: kload's stable-ABI support needs 2.10 or later")
+        raise KloadError(f"KLOAD_STABLE_TARGET={text}: kload's stable-ABI support needs 2.10 or later")
     if have < (major, minor):
         raise KloadError(
-            f"kload: {name!r} uses the stable ABI (kload/stable.h or torch/csrc/stable/), built for torch "
+            f"{name!r} uses the stable ABI (kload/stable.h or torch/csrc/stable/), built for torch "
             f"{major}.{minor} and later (KLOAD_STABLE_TARGET), but the installed torch is {torch_identity()['version']}"
             + (": torch's stable ABI for extensions starts at 2.10" if have < (2, 10) else
                f"; set KLOAD_STABLE_TARGET={have[0]}.{have[1]} or upgrade torch"))
@@ -154,15 +155,15 @@ def make_plan(opts: Options, store: Store) -> Plan:
     # torch's with_cuda=True asks for CUDA headers and libraries for .cpp sources too
     reason = toolchain.cuda_unavailable_reason() if sset.has_cuda or opts.with_cuda else None
     if reason and opts.as_torch:  # torch's loader raises here (OSError: CUDA_HOME ...); callers catch it to fall back
-        raise OSError(f"kload: {opts.name!r} has CUDA sources, and they cannot be built here: {reason} "
-                      "(kload.load would build the C++ part alone)")
+        raise OSError(msg(f"{opts.name!r} has CUDA sources, and they cannot be built here: {reason} "
+                      "(kload.load would build the C++ part alone)"))
     built = [s for s in sset.sources if not (s.is_cuda and reason)]
     if not built:
-        raise KloadError(f"kload: {opts.name!r} has only CUDA sources, and they cannot be built here: {reason}")
+        raise KloadError(f"{opts.name!r} has only CUDA sources, and they cannot be built here: {reason}")
     with_cuda = any(s.is_cuda for s in built) or bool(opts.with_cuda and not reason)
     if reason and opts.name not in _said_cuda_skip:
         _said_cuda_skip.add(opts.name)
-        log.warning("kload: building %r for the CPU only: %s", opts.name, reason)
+        log.warning("building %r for the CPU only: %s", opts.name, reason)
 
     cxx = toolchain.compiler_identity(cxx_command(), store.root)
     # GCC collects garbage from a small heap up, growing it 30% a time: parsing ATen's

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 from . import knobs
+from .messages import msg
 
 log = logging.getLogger("kload")
 
@@ -34,6 +35,7 @@ mode = knobs.output_mode
 def say(text: str, *, error: bool = False, warning: bool = False) -> None:
     """One line where the user is looking (and always a log record). Errors and
     warnings (a toolchain kload had to repair) reach stderr even without a terminal."""
+    text = msg(text)
     (log.error if error else log.warning if warning else log.info)("%s", text)
     where = mode()
     if where is None and (error or warning):
@@ -125,7 +127,7 @@ class _Status:
         if self.total is None:
             dirty = self._dirty_steps()
             self.total = None if dirty is None else dirty + done
-        text = f"kload: building {name} · {elapsed:.1f} s"
+        text = msg(f"building {name} · {elapsed:.1f} s")
         if self.total:
             total = max(self.total, done + 1)
             text += f" · [{min(done + 1, total)}/{total}]"
@@ -150,7 +152,7 @@ class BuildProgress:
         self._shown = None
 
     def __enter__(self):
-        log.info("kload: building %s (%s)", self.name, self.jobs or "ninja's default parallelism")
+        log.info("building %s (%s)", self.name, self.jobs or "ninja's default parallelism")
         if self.where is not None:
             self._started = time.perf_counter()
             self._status = _Status(self.ws)
@@ -167,7 +169,7 @@ class BuildProgress:
                 if self._stop.wait(INTERVAL):
                     return
         except Exception as e:  # noqa: BLE001 - progress must never break a build
-            log.debug("kload: progress display stopped: %s", e)
+            log.debug("progress display stopped: %s", e)
 
     def _show(self, text: str) -> None:
         if self.where == "notebook":
@@ -190,6 +192,7 @@ class BuildProgress:
 
     def finish(self, summary: str | None) -> None:
         """Stop the live line and replace it with ``summary`` (None: just clear it)."""
+        summary = msg(summary) if summary else summary
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
@@ -208,6 +211,6 @@ class BuildProgress:
         if not self._stop.is_set():  # the build raised
             failed = None
             if self._shown is not None and self.where == "notebook":
-                failed = f"kload: building {self.name} failed after {time.perf_counter() - self._started:.1f} s"
+                failed = f"building {self.name} failed after {time.perf_counter() - self._started:.1f} s"
             self.finish(failed)
         return False

@@ -72,7 +72,7 @@ def server() -> Remote | None:
             return None
         r.ident = ident
         if secret is None:
-            log.warning("kload: KLOAD_REMOTE_CACHE_KEY is not set, so entries from %s are trusted by their SHA-256 "
+            log.warning("KLOAD_REMOTE_CACHE_KEY is not set, so entries from %s are trusted by their SHA-256 "
                         "only: anyone who can write to that server can make kload load their code", r.where)
         _remotes[ident] = r
     return r
@@ -90,7 +90,7 @@ def set_aside(r: Remote, e: Exception) -> None:
         return
     _down_until[r.ident] = time.monotonic() + RETRY_AFTER
     why = str(e) if isinstance(e, RemoteError) else f"{type(e).__name__}: {e}"
-    log.warning("kload: the remote cache %s is unusable (%s); building locally (not asking it again for %.0f s)",
+    log.warning("the remote cache %s is unusable (%s); building locally (not asking it again for %.0f s)",
                 r.where, why, RETRY_AFTER)
 
 
@@ -114,11 +114,11 @@ def fetch(r: Remote, plan, store: Store) -> Entry | None:
             entry = r.download(store, plan.skey, key, plan.name, _headers_here)
         except Refused as why:
             if not why.again:
-                log.warning("kload: refusing the remote entry %s-%s from %s: %s; it is not loaded",
+                log.warning("refusing the remote entry %s-%s from %s: %s; it is not loaded",
                             plan.name, key[:16], r.where, why)
             continue
         if entry is not None:
-            log.info("kload: downloaded %s (%d bytes) from %s in %.2f s", entry.path.name,
+            log.info("downloaded %s (%d bytes) from %s in %.2f s", entry.path.name,
                      entry.manifest.get("size", 0), r.where, time.perf_counter() - started)
             return entry
     return None
@@ -137,7 +137,7 @@ class Lease:
         while not self._stop.wait(_lease_ms() / 3000):
             try:
                 if not self.r.renew_lease(self.skey, self.holder, _lease_ms()):
-                    log.warning("kload: the build lease of %s expired; another node may build it too", self.holder)
+                    log.warning("the build lease of %s expired; another node may build it too", self.holder)
                     return
             except Exception as e:  # noqa: BLE001
                 set_aside(self.r, e)
@@ -169,7 +169,7 @@ class Lease:
 def upload(r: Remote, entry: Entry) -> None:
     started = time.perf_counter()
     sent = r.upload(entry)
-    log.info("kload: uploaded %s (%d bytes) to %s in %.2f s", entry.path.name, sent, r.where,
+    log.info("uploaded %s (%d bytes) to %s in %.2f s", entry.path.name, sent, r.where,
              time.perf_counter() - started)
 
 
@@ -184,7 +184,7 @@ def fetch_or_lease(r: Remote, plan, store: Store) -> tuple[Entry | None, Lease |
         if entry is not None:
             return entry, None
         if waited is not None and r.failed(skey) == waited:  # the build it waited for failed (not an older one)
-            log.warning("kload: %s failed; building %s here", waited, name)
+            log.warning("%s failed; building %s here", waited, name)
             return None, None
         if r.take_lease(skey, mine, _lease_ms()):
             entry = fetch(r, plan, store)  # the holder may have uploaded and released in between
@@ -192,16 +192,16 @@ def fetch_or_lease(r: Remote, plan, store: Store) -> tuple[Entry | None, Lease |
                 r.release_lease(skey, mine)
                 return entry, None
             if waited is not None and r.failed(skey) == waited:  # it failed and released between our two looks
-                log.warning("kload: %s failed; building %s here", waited, name)
+                log.warning("%s failed; building %s here", waited, name)
             return None, Lease(r, skey, mine)
         holder = r.lease_holder(skey)
         now = time.monotonic()
         if now > deadline:
-            log.warning("kload: waited %.0f s for %s (KLOAD_REMOTE_CACHE_WAIT); building %s here",
+            log.warning("waited %.0f s for %s (KLOAD_REMOTE_CACHE_WAIT); building %s here",
                         now - started, holder or waited, name)
             return None, None
         if holder is not None and (holder != waited or now - said >= SAY_EVERY):
-            say(f"kload: waiting for {holder} ({now - started:.0f} s; remote cache {r.where})")
+            say(f"waiting for {holder} ({now - started:.0f} s; remote cache {r.where})")
             waited, said = holder, now
         time.sleep(POLL)
 

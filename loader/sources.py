@@ -191,7 +191,7 @@ def binding_style(code: str) -> str:
 def no_bindings(sset: SourceSet) -> KloadError:
     names = ", ".join(s.path.name for s in sset.sources)
     return KloadError(
-        f"kload: no bindings found in {names}. Register ops with KLOAD_LIBRARY(m) / KLOAD_IMPL(CPU, m) "
+        f"no bindings found in {names}. Register ops with KLOAD_LIBRARY(m) / KLOAD_IMPL(CPU, m) "
         "(#include <kload/kernel.h>, or <kload/stable.h> for the stable ABI), or write "
         "PYBIND11_MODULE(TORCH_EXTENSION_NAME, m), TORCH_LIBRARY(namespace, m) or STABLE_TORCH_LIBRARY(namespace, m)."
     )

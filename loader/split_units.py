@@ -34,6 +34,7 @@ from . import cusplit, knobs, pch_build, toolchain, torchbuild
 from .fingerprint import which
 from .options import include_dir
 from .plan import GCC_PARSE_FLAGS, Plan
+from .messages import msg
 
 # nvcc flags that touch only device code (left out of the host half's command)
 _DEVICE_FLAGS = re.compile(
@@ -262,7 +263,7 @@ def _check_link(u: Unit, t: Tools, host_obj: Path, device_obj: Path) -> None:
         raise Failed("link", LINK_MISMATCH + "; ".join(missing[:3]), t.dir / f"{host_obj.name}.log")
 
 
-LINK_MISMATCH = "kload: the device half does not define what the host half launches: "
+LINK_MISMATCH = msg("the device half does not define what the host half launches: ")
 
 _stub_flag: dict[str, bool] = {}
 

@@ -142,7 +142,7 @@ def _ask_compiler(path: str) -> tuple[str, str, str | None]:
         proc = subprocess.run([path, "-dM", "-E", "-x", "c++", os.devnull], capture_output=True, text=True,
                               timeout=60)
     except (OSError, subprocess.TimeoutExpired) as e:
-        raise KloadError(f"kload: could not run {path} -dM -E: {e}") from e
+        raise KloadError(f"could not run {path} -dM -E: {e}") from e
     macros = dict(line.split(" ", 2)[1:] for line in proc.stdout.splitlines()
                   if line.startswith("#define ") and line.count(" ") >= 2)
     if "__clang__" in macros:
@@ -175,7 +175,7 @@ def compiler_identity(command: str, cache_root: Path, ask: bool = True) -> dict:
     compiler that really compiles, behind any wrapper); else (nvcc) by ``--version``."""
     path = which(command)
     if path is None:
-        raise KloadError(f"kload: compiler {command!r} not found on PATH (set CXX to a C++ compiler)")
+        raise KloadError(f"compiler {command!r} not found on PATH (set CXX to a C++ compiler)")
     # the stamp follows links (a re-pointed link changes the inode); PATH: a wrapper such
     # as ccache's masquerade directory runs the next compiler of that name on PATH
     stamp = f"id3|{ask}|{_stat_stamp(path)}|{os.environ.get('PATH', '')}"
@@ -191,7 +191,7 @@ def compiler_identity(command: str, cache_root: Path, ask: bool = True) -> dict:
         try:
             proc = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=60)
         except (OSError, subprocess.TimeoutExpired) as e:
-            raise KloadError(f"kload: could not run {path} --version: {e}") from e
+            raise KloadError(f"could not run {path} --version: {e}") from e
         lines = [t for t in (proc.stdout or proc.stderr).splitlines() if t.strip()]
         # gcc/clang name themselves on line 1; nvcc says "release X.Y" further down
         version = " | ".join(lines[:1] + [t for t in lines[1:] if "release" in t.lower()]) or "unknown"

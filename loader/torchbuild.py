@@ -29,7 +29,37 @@ def _ensure_ninja_on_path() -> None:
         if (here / "ninja").exists():
             os.environ["PATH"] = f"{here}{os.pathsep}{os.environ.get('PATH', '')}"
         else:
-            raise KloadError("kload: ninja is not installed (pip install ninja)")
+            raise KloadError("ninja is not installed (pip install ninja)")
+
+
+def ninja_deps(ws: Path) -> dict[str, list[str]]:
+    """object file -> every file its compile read (ninja's record of the depfiles)."""
+    proc = subprocess.run(["ninja", "-t", "deps"], cwd=ws, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise KloadError(f"could not read the header dependencies in {ws}: {proc.stderr.strip()}")
+    deps: dict[str, list[str]] = {}
+    current: list[str] | None = None
+    for line in proc.stdout.splitlines():
+        if not line.strip():
+            continue
+        if not line.startswith(" "):
+            current = deps.setdefault(line.split(":", 1)[0], []) if "#deps" in line else None
+        elif current is not None:
+            current.append(os.path.normpath(os.path.join(ws, line.strip())))
+    return deps
+
+
+def forget_objects(ws: Path, paths: set[str]) -> None:
+    """Delete every object in ``ws`` whose compile read one of ``paths``: the next
+    ninja run compiles it again."""
+    if not (ws / ".ninja_deps").exists():
+        return
+    for obj, files in ninja_deps(ws).items():
+        if paths.intersection(files):
+            try:
+                os.unlink(ws / obj)
+            except FileNotFoundError:
+                pass
 
 
 def op_names() -> set[str]:
@@ -57,13 +87,13 @@ def check_stable_imports(artifact: Path, name: str) -> None:
 
     proc = subprocess.run(["nm", "-D", "-C", "--undefined-only", str(artifact)], capture_output=True, text=True)
     if proc.returncode != 0:
-        raise KloadError(f"kload: cannot list the symbols {artifact} imports (nm): {proc.stderr.strip()}")
+        raise KloadError(f"cannot list the symbols {artifact} imports (nm): {proc.stderr.strip()}")
     bad = [line.split(None, 1)[-1] for line in proc.stdout.splitlines()
            if re.search(_VERSIONED_SYMBOL, line.split(None, 1)[-1])]
     if bad:
         shown = "\n  ".join(bad[:5]) + (f"\n  ... and {len(bad) - 5} more" if len(bad) > 5 else "")
         raise KloadError(
-            f"kload: {name!r} is built as a stable-ABI library (it includes kload/stable.h or torch/csrc/stable/), "
+            f"{name!r} is built as a stable-ABI library (it includes kload/stable.h or torch/csrc/stable/), "
             f"but it imports symbols of torch's C++ API or of Python, which would tie it to this torch build:\n  "
             f"{shown}\nInclude only <kload/stable.h>, torch/csrc/stable/ and torch/headeronly/ headers (a header of "
             "ATen, c10, torch/library.h or pybind11 included by one of your own headers does this).")
@@ -139,7 +169,7 @@ def _run(plan: Plan, ws: Path, sources: list[str], pch_cflags: list[str], link: 
         hint = ""
         if plan.cuda_skipped and "undefined symbol" in str(cause):
             hint = f"\n(its CUDA sources were not built: {plan.cuda_skipped})"
-        raise KloadError(f"kload: {plan.name!r} compiled but cannot be loaded: {cause}{hint}") from None
+        raise KloadError(f"{plan.name!r} compiled but cannot be loaded: {cause}{hint}") from None
 
 
 def extra_flags(plan: Plan, pch_cflags: list[str] | None) -> tuple[list[str], list[str]]:

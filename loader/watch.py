@@ -44,7 +44,7 @@ def _changed(paths: set[str]) -> None:
             if paths & handle._files or dirs & handle._dirs:
                 handle._mark_stale()
     except Exception as e:  # noqa: BLE001 - the watcher thread must survive anything
-        log.warning("kload: file watcher: %s", e)
+        log.warning("file watcher: %s", e)
 
 
 def _folder_event(d: str, deleted: bool) -> None:
@@ -64,7 +64,7 @@ def _folder_event(d: str, deleted: bool) -> None:
             if any(f.startswith(under) for f in handle._files):
                 handle._mark_stale()
     except Exception as e:  # noqa: BLE001 - the watcher thread must survive anything
-        log.warning("kload: file watcher: %s", e)
+        log.warning("file watcher: %s", e)
 
 
 def _make_handler():
@@ -120,7 +120,7 @@ def watch(handle, files, *, whole_dirs: bool = False) -> None:
                 if d not in _watched_dirs:
                     _watched_dirs[d] = _observer.schedule(_handler, d, recursive=False)
         except Exception as e:  # noqa: BLE001 - e.g. out of inotify watches: reload() still works
-            log.warning("kload: cannot watch %s for changes (%s); call handle.reload() after an edit",
+            log.warning("cannot watch %s for changes (%s); call handle.reload() after an edit",
                         ", ".join(sorted(files)), e)
             return
         _handles.add(handle)

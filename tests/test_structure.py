@@ -14,7 +14,7 @@ PACKAGES = {"kload": ROOT / "loader", "kload.cache": ROOT / "cache"}
 # (docs/design.md); a step may call a later one (the front door calls the resolve),
 # so layers and steps differ: the basics and the facts of step 3 sit low.
 ORDER = [
-    "kload.errors",                                                # basics
+    "kload.messages", "kload.errors",                              # basics: the "kload: " prefix, the exceptions
     "kload.cache", "kload.cache.key", "kload.cache.store", "kload.cache.lock",   # 2 hit record, 3 key, 4 lookup, lock
     "kload.cache.publish",                                         # 7 publish
     "kload.cache.bundle", "kload.cache.remote",                    # bundles; 5 the remote cache's server
@@ -27,6 +27,7 @@ ORDER = [
     "kload.plan", "kload.explain",                                 # 3 the plan, its key; 4 a refusal says why
     "kload.pch_build", "kload.pch",                                # 6 precompiled headers
     "kload.compilers", "kload.torchbuild",                         # 6 the compile
+    "kload.trim",                                                  # 6 a build without the PCH: ATen trimmed
     "kload.split_units", "kload.split_build",                      # 6 a .cu in halves
     "kload.build",
     "kload.remote",                                                # 5 the remote cache

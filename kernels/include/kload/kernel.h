@@ -28,6 +28,21 @@
 
 #ifdef KLOAD_LEAN
 #include <ATen/core/Tensor.h>
+#elif defined(KLOAD_TRIMMED)
+// A build without this header precompiled (the first, before it is; loader/trim.py):
+// Tensor with its methods and operators; the generated header that defines
+// KLOAD_TRIMMED (and AT_PER_OPERATOR_HEADERS) adds the rest of <ATen/ATen.h> that
+// the sources use and <ATen/ops/NAME.h> for each function they name.
+#include <ATen/core/ATenGeneral.h>
+#include <ATen/core/Scalar.h>
+#include <ATen/Device.h>
+#include <ATen/Tensor.h>
+#include <ATen/TensorOperators.h>
+#include <c10/core/Allocator.h>
+#include <c10/core/Layout.h>
+#include <c10/core/Storage.h>
+#include <c10/core/TensorOptions.h>
+#include <c10/util/Exception.h>
 #else
 #include <ATen/ATen.h>       // operators, methods, at:: functions and factories, AT_DISPATCH_*
 #include <ATen/Parallel.h>   // at::parallel_for, at::get_num_threads

@@ -1,0 +1,141 @@
+"""A build that cannot use the precompiled <kload/kernel.h> (the first one, on an
+empty cache; here KLOAD_PCH=0, which makes every build one) parses ATen without
+<ATen/Functions.h>, plus the operator headers its sources name (loader/trim.py).
+Each test compiles its own source for real: what is tested is what one source's
+text makes the trimmed header hold, so no two can share a build."""
+from __future__ import annotations
+
+import logging
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+import kload
+from kload.errors import CompileError
+
+from conftest import write
+
+# operators, at:: functions, AT_DISPATCH, parallel_for, and a local header that names one more
+ORDINARY = """\
+    #include <kload/kernel.h>
+    #include "helper.h"
+    at::Tensor ordinary(const at::Tensor& a, const at::Tensor& b) {
+      auto out = at::empty_like(a);
+      AT_DISPATCH_FLOATING_TYPES(a.scalar_type(), "ordinary", [&] {
+        const auto src = a.contiguous();
+        const scalar_t* pa = src.data_ptr<scalar_t>();
+        scalar_t* po = out.data_ptr<scalar_t>();
+        at::parallel_for(0, src.numel(), 2048, [&](int64_t begin, int64_t end) {
+          for (int64_t i = begin; i < end; ++i) po[i] = pa[i] * 2 + 1;
+        });
+      });
+      TORCH_CHECK(at::allclose(out, a * 2 + 1), "the loop and ATen disagree");
+      return out + (a - b) + at::zeros(a.sizes(), a.options()) + plus_one(a);
+    }
+    KLOAD_LIBRARY(m) { m.def("ordinary(Tensor a, Tensor b) -> Tensor"); }
+    KLOAD_IMPL(CPU, m) { m.impl("ordinary", &ordinary); }
+"""
+HELPER = """\
+    #pragma once
+    inline at::Tensor plus_one(const at::Tensor& x) { return at::ones_like(x) + x; }
+"""
+
+
+@pytest.fixture
+def no_pch(monkeypatch, caplog):
+    monkeypatch.setenv("KLOAD_PCH", "0")
+    caplog.set_level(logging.INFO, logger="kload")
+    return caplog
+
+
+def generated(cache: Path, name: str) -> str:
+    """The trimmed <kload/kernel.h> of a library's build directory."""
+    [ws] = (cache / "build").glob(f"{name}-*")
+    return (ws / "_kload_trim" / "kload" / "kernel.h").read_text()
+
+
+def symbols(cache: Path, name: str) -> list[str]:
+    [obj] = (cache / "build").glob(f"{name}-*/ordinary.o")
+    out = subprocess.run(["nm", "-S", "--defined-only", "--extern-only", str(obj)], capture_output=True, text=True,
+                         check=True).stdout
+    return sorted(" ".join(line.split()[1:]) for line in out.splitlines())  # size, type, name
+
+
+def test_ordinary_aten_code_builds_trimmed_and_runs(tmp_path, no_pch, kload_cache, monkeypatch):
+    write(tmp_path / "helper.h", HELPER)
+    h = kload.load(write(tmp_path / "ordinary.cpp", ORDINARY), name="trim_ordinary", reload=False)
+    for dtype in (torch.float32, torch.float64):
+        a, b = torch.randn(5000, dtype=dtype), torch.randn(5000, dtype=dtype)
+        torch.testing.assert_close(h.ordinary(a, b), (a * 2 + 1) + (a - b) + torch.ones_like(a) + a)
+    trimmed = h.build().entry.manifest["trimmed"]
+    ops = set(trimmed["operators"])
+    assert {"empty_like", "allclose", "zeros", "ones_like"} <= ops  # ones_like: from helper.h
+    assert "ordinary" not in ops and "a" not in ops
+    assert {"ATen/Dispatch.h", "ATen/Parallel.h"} <= set(trimmed["aten"])  # AT_DISPATCH_, parallel_for
+    assert not {"ATen/Formatting.h", "ATen/TensorIndexing.h"} & set(trimmed["aten"])
+    header = generated(kload_cache, "trim_ordinary")
+    assert "#define KLOAD_TRIMMED" in header and "#include <ATen/ops/ones_like.h>" in header
+    assert "#include <ATen/Parallel.h>" in header
+    assert "#include <ATen/Functions.h>" not in header
+    assert "ATen trimmed to what it names" in no_pch.text and "did not compile with ATen trimmed" not in no_pch.text
+
+    # the same source with the whole API (a second build: the point is to compare the two): the
+    # same external and inline functions, of the same sizes (their order in the object follows the
+    # headers' order; a header's internal constants are there where the header was parsed)
+    no_pch.clear()
+    monkeypatch.setenv("KLOAD_TRIM", "0")
+    whole = kload.load(tmp_path / "ordinary.cpp", name="trim_whole", reload=False)
+    assert whole.build().entry.manifest["trimmed"] is None and "ATen trimmed" not in no_pch.text
+    assert symbols(kload_cache, "trim_ordinary") == symbols(kload_cache, "trim_whole")
+
+
+def test_a_function_functions_h_defines_itself_gets_the_whole_api(tmp_path, no_pch):
+    """at::var(x, 1): <ATen/Functions.h>'s own `int dim` overload. Without it the 1
+    would bind to `bool unbiased` and the answer would be silently wrong."""
+    h = kload.load(write(tmp_path / "var.cpp", """\
+        #include <kload/kernel.h>
+        at::Tensor var1(const at::Tensor& x) { return at::var(x, 1); }
+        KLOAD_LIBRARY(m) { m.def("var1(Tensor x) -> Tensor"); }
+        KLOAD_IMPL(CPU, m) { m.impl("var1", &var1); }
+    """), name="trim_var", reload=False)
+    x = torch.randn(4, 6)
+    torch.testing.assert_close(h.var1(x), torch.var(x, 1))
+    assert h.build().entry.manifest["trimmed"] is None
+
+
+def test_a_name_the_scan_cannot_see_compiles_with_the_whole_api(tmp_path, no_pch):
+    """A function named only through token pasting: the trimmed compile fails, the
+    whole API compiles it, and the user sees one build that worked."""
+    h = kload.load(write(tmp_path / "pasted.cpp", """\
+        #include <kload/kernel.h>
+        #define LIKE(kind, x) at::kind##_like(x)
+        at::Tensor pasted(const at::Tensor& x) { return LIKE(ones, x) + x; }
+        KLOAD_LIBRARY(m) { m.def("pasted(Tensor x) -> Tensor"); }
+        KLOAD_IMPL(CPU, m) { m.impl("pasted", &pasted); }
+    """), name="trim_pasted", reload=False)
+    x = torch.randn(7)
+    torch.testing.assert_close(h.pasted(x), x + 1)
+    assert "trim_pasted did not compile with ATen trimmed" in no_pch.text
+    assert h.build().entry.manifest["trimmed"] is None
+
+
+def test_errors_are_the_whole_apis_and_a_syntax_error_compiles_once(tmp_path, no_pch):
+    src = write(tmp_path / "typo.cpp", """\
+        #include <kload/kernel.h>
+        at::Tensor typo(const at::Tensor& x) {
+          return x.add(not_declared_anywhere);
+        }
+        KLOAD_LIBRARY(m) { m.def("typo(Tensor x) -> Tensor"); }
+        KLOAD_IMPL(CPU, m) { m.impl("typo", &typo); }
+    """)
+    with pytest.raises(CompileError, match=r"typo\.cpp:3") as e:
+        kload.load(src, name="trim_typo", reload=False).build()
+    assert "not_declared_anywhere" in str(e.value)
+    assert "trim_typo did not compile with ATen trimmed" in no_pch.text  # may have been the trim: once more
+    no_pch.clear()
+    src.write_text(src.read_text().replace("x.add(not_declared_anywhere);", "x.add(x)"))  # no semicolon
+    with pytest.raises(CompileError, match=r"typo\.cpp:[34]"):
+        kload.load(src, name="trim_typo", reload=False).build()
+    assert "did not compile with ATen trimmed" not in no_pch.text   # a syntax error: the trim cannot explain it
