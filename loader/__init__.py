@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import logging
 
+from . import messages  # first: its filter gives every record of the kload logger the "kload: " prefix
+
 # A cache hit imports these, what they import (options, fingerprint, resolve, library)
 # and kload.cache; the rest loads when first needed.
-from . import knobs, messages  # messages: the prefix on every kload log record
+from . import knobs
 from .api import load, load_inline
 from .handle import HISTORY, Handle
+
 
 __all__ = ["load", "load_inline", "cuda_module", "Handle", "CompileError", "KloadError", "HISTORY", "kernels",
            "patch", "unpatch", "cpp_extension"]

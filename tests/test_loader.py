@@ -563,7 +563,7 @@ def test_hit_record_serves_fresh_processes_and_any_edit_voids_it(vadd_dir, kload
     third = run_py(probe)
     assert third["out"] == [2.0] and not third["full"], "the record serves a fresh process"
     assert third["modules"] == ["kload", "kload.api", "kload.cache", "kload.fingerprint", "kload.handle",
-                                "kload.knobs", "kload.library", "kload.options", "kload.resolve"]
+                                "kload.knobs", "kload.library", "kload.messages", "kload.options", "kload.resolve"]
 
     header = vadd_dir / "scale.h"
     st = header.stat()
