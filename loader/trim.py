@@ -190,7 +190,18 @@ class Trim:
             return
         self.headers = sorted(names & ops)
         self.aten = aten_headers(texts)
+        self._failed = ws / (DIR + ".failed")  # the trimmed set that did not compile here last time
+        try:
+            failed_before = self._failed.read_text() == self._signature()
+        except OSError:
+            failed_before = False
+        if failed_before:  # the same names again: do not pay for the failing compile twice
+            self.why_not = "the same trimmed headers did not compile it last time"
+            return
         self.active = True
+
+    def _signature(self) -> str:
+        return "\n".join(self.aten + self.headers) + "\n"
 
     def cflags(self) -> list[str]:
         return ["-I" + shlex.quote(str(self.dir))] if self.applies else []
@@ -230,7 +241,12 @@ class Trim:
         return self.active and any(m in output for m in _MAY_BE_MISSING)
 
     def give_up(self) -> None:
-        """Compile again with the whole API: no generated header, no object built with it."""
+        """Compile again with the whole API: no generated header, no object built with it.
+        Until the sources name other functions, later builds here take the whole API at once."""
+        try:
+            self._failed.write_text(self._signature())
+        except OSError:
+            pass
         self.active = False
         self.prepare()
 

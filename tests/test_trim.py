@@ -119,6 +119,13 @@ def test_a_name_the_scan_cannot_see_compiles_with_the_whole_api(tmp_path, no_pch
     torch.testing.assert_close(h.pasted(x), x + 1)
     assert "trim_pasted did not compile with ATen trimmed" in no_pch.text
     assert h.build().entry.manifest["trimmed"] is None
+    # an edit that names the same functions: the whole API at once, no failing compile first
+    no_pch.clear()
+    src = tmp_path / "pasted.cpp"
+    src.write_text(src.read_text().replace("+ x;", "+ 2 * x;"))
+    h2 = kload.load(src, name="trim_pasted", reload=False)
+    torch.testing.assert_close(h2.pasted(x), 2 * x + 1)
+    assert "did not compile with ATen trimmed" not in no_pch.text
 
 
 def test_errors_are_the_whole_apis_and_a_syntax_error_compiles_once(tmp_path, no_pch):
