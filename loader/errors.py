@@ -58,6 +58,11 @@ class Diagnostic:
 _GCC = r"^(?P<file>[^\s:][^:]*):(?P<line>\d+):(?:(?P<col>\d+):)?\s*(?:fatal\s+)?error:\s*(?P<msg>.*)$"
 # nvcc/cudafe: path(12): error: message
 _NVCC = r"^(?P<file>[^\s(][^(]*)\((?P<line>\d+)\):\s*(?:catastrophic\s+)?error:?\s*(?P<msg>.*)$"
+# gcc's context before an error in a header: the user's line that led there
+_CONTEXT = (r"^(?P<file>[^\s:][^:]*):(?P<line>\d+):(?:(?P<col>\d+):)?\s+"
+            r"(?:in [‘'`]constexpr[’'`] expansion of|required from here)")
+# kload's own headers: an error there (<kload/register.h>'s compile-time checks) is shown at that line
+_KLOAD_HEADERS = "/kload/register.h"
 # the linker: anything that says "undefined reference" or "ld: ... error"
 _LINK = r"(undefined reference to|ld(?:\.\w+)?: .*error|collect2: error)"
 
@@ -72,12 +77,20 @@ def parse_diagnostics(output: str, line_map=None) -> list[Diagnostic]:
     """
     found: list[Diagnostic] = []
     seen = set()
+    context = None
     for raw_line in output.splitlines():
         text = raw_line.rstrip()
+        c = re.match(_CONTEXT, text)
+        if c:
+            context = c
+            continue
         m = re.match(_GCC, text) or re.match(_NVCC, text)
         if m:
             file, line = m["file"].strip(), int(m["line"])
             col = int(m["col"]) if m.groupdict().get("col") else None
+            if file.endswith(_KLOAD_HEADERS) and context is not None:
+                file, line = context["file"].strip(), int(context["line"])
+                col = int(context["col"]) if context["col"] else None
             if line_map is not None:
                 file, line = line_map(file, line)
             d = Diagnostic(file, line, col, m["msg"].strip())

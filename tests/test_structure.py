@@ -27,7 +27,7 @@ ORDER = [
     "kload.plan", "kload.explain",                                 # 3 the plan, its key; 4 a refusal says why
     "kload.pch_build", "kload.pch",                                # 6 precompiled headers
     "kload.compilers", "kload.torchbuild",                         # 6 the compile
-    "kload.trim",                                                  # 6 a build without the PCH: ATen trimmed
+    "kload.registration", "kload.trim",                            # 6 a build without the PCH: its registration, ATen trimmed
     "kload.split_units", "kload.split_build",                      # 6 a .cu in halves
     "kload.build",
     "kload.remote",                                                # 5 the remote cache

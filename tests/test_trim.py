@@ -82,13 +82,18 @@ def test_ordinary_aten_code_builds_trimmed_and_runs(tmp_path, no_pch, kload_cach
     assert "ATen trimmed to what it names" in no_pch.text and "did not compile with ATen trimmed" not in no_pch.text
 
     # the same source with the whole API (a second build: the point is to compare the two): the
-    # same external and inline functions, of the same sizes (their order in the object follows the
+    # same kernel and inline functions, of the same sizes (their order in the object follows the
     # headers' order; a header's internal constants are there where the header was parsed)
     no_pch.clear()
     monkeypatch.setenv("KLOAD_TRIM", "0")
     whole = kload.load(tmp_path / "ordinary.cpp", name="trim_whole", reload=False)
     assert whole.build().entry.manifest["trimmed"] is None and "ATen trimmed" not in no_pch.text
-    assert symbols(kload_cache, "trim_ordinary") == symbols(kload_cache, "trim_whole")
+    # registered through torch's C shim, the trimmed object lacks torch::Library's boxing templates
+    # (and has the few std::string members the shim's registration uses); ATen's are the same
+    trimmed_syms, whole_syms = symbols(kload_cache, "trim_ordinary"), symbols(kload_cache, "trim_whole")
+    aten = lambda syms: {s for s in syms if " _ZN2at" in s or " _ZNK2at" in s}  # noqa: E731
+    assert aten(trimmed_syms) <= aten(whole_syms) and len(aten(trimmed_syms)) > 20
+    assert [s for s in trimmed_syms if "ordinary" in s] == [s for s in whole_syms if "ordinary" in s] != []
 
 
 def test_a_function_functions_h_defines_itself_gets_the_whole_api(tmp_path, no_pch):
@@ -146,3 +151,80 @@ def test_errors_are_the_whole_apis_and_a_syntax_error_compiles_once(tmp_path, no
     with pytest.raises(CompileError, match=r"typo\.cpp:[34]"):
         kload.load(src, name="trim_typo", reload=False).build()
     assert "did not compile with ATen trimmed" not in no_pch.text   # a syntax error: the trim cannot explain it
+
+
+SHIM = """\
+    #include <kload/kernel.h>
+    at::Tensor axpy(const at::Tensor& x, at::Tensor y, double a, int64_t k, bool neg) {
+      CHECK_INPUT(x);
+      auto r = x * a + y * k;
+      return neg ? -r : r;
+    }
+    std::tuple<at::Tensor, at::Tensor> two(const at::Tensor& x) { return {1 - x, x / 2}; }
+    void fill_(at::Tensor& x, double v) { x.fill_(v); }
+    KLOAD_LIBRARY(m) {
+      m.def("axpy(Tensor x, Tensor y, float a, int k, bool neg) -> Tensor");
+      m.def("two(Tensor x) -> (Tensor, Tensor)");
+      m.def("fill_(Tensor(a!) x, float v) -> ()");
+    }
+    KLOAD_IMPL(CPU, m) {
+      m.impl("axpy", &axpy);
+      m.impl("two", two);
+      m.impl("fill_", &fill_);
+    }
+"""
+
+
+def test_registration_through_torchs_c_shim_boxes_each_kind(tmp_path, no_pch):
+    """A first build registers through torch's stable C shim, not <torch/library.h>
+    (registration.py, <kload/register.h>): Tensor, int, float and bool arguments, a
+    Tensor, a tuple or nothing returned, an in-place op, an error from the kernel."""
+    h = kload.load(write(tmp_path / "shim.cpp", SHIM), name="trim_shim", reload=False)
+    trimmed = h.build().entry.manifest["trimmed"]
+    assert trimmed["registration"] == "torch's C shim" and trimmed["tensor_operators"] == "kload/operators.h"
+    assert "registered through torch's C shim" in no_pch.text
+    x, y = torch.randn(6), torch.randn(6)
+    torch.testing.assert_close(h.axpy(x, y, 2.5, 3, True), -(x * 2.5 + y * 3))
+    torch.testing.assert_close(h.axpy(x, y, 0.5, -1, False), x * 0.5 - y)
+    a, b = h.two(x)
+    torch.testing.assert_close(a, 1 - x)
+    torch.testing.assert_close(b, x / 2)
+    z = torch.zeros(3)
+    assert h.fill_(z, 7.0) is None and z.tolist() == [7.0, 7.0, 7.0]
+    with pytest.raises(RuntimeError, match="x must be contiguous"):
+        h.axpy(torch.randn(8)[::2], torch.randn(4), 1.0, 1, False)
+    assert torch.library.opcheck(h.axpy, (x, y, 2.0, 1, False), test_utils=("test_schema",)) == {
+        "test_schema": "SUCCESS"}
+
+
+def test_a_kernel_that_does_not_match_its_schema_is_refused_and_an_unboxed_type_takes_the_whole_api(
+        tmp_path, no_pch):
+    """The C shim checks only counts at a call; m.impl checks the kinds when it compiles, so an
+    int kernel for a float schema is a compile error at the user's m.impl line (torch::Library
+    refuses it when the library loads), not bits read as the wrong type. A kernel type the shim
+    path does not box (SymInt) compiles with <torch/library.h>. Two sources: two builds."""
+    src = write(tmp_path / "mismatch.cpp", """\
+        #include <kload/kernel.h>
+        at::Tensor scale(const at::Tensor& x, int64_t s) { return x * s; }
+        KLOAD_LIBRARY(m) { m.def("scale(Tensor x, float s) -> Tensor"); }
+        KLOAD_IMPL(CPU, m) { m.impl("scale", &scale); }
+    """)
+    with pytest.raises(CompileError, match=r"mismatch\.cpp:4") as e:
+        kload.load(src, name="trim_mismatch", reload=False).build()
+    assert "the_kernels_cpp_types_do_not_match_the_kinds_of_its_schema" in e.value.raw
+    assert "did not compile with ATen trimmed" not in no_pch.text
+    src.write_text(src.read_text().replace("int64_t s", "double s"))  # the fix: a new build that works
+    h = kload.load(src, name="trim_mismatch", reload=False)
+    torch.testing.assert_close(h.scale(torch.ones(2), 1.5), torch.full((2,), 1.5))
+
+    no_pch.clear()
+    sym = write(tmp_path / "symint.cpp", """\
+        #include <kload/kernel.h>
+        at::Tensor shift(const at::Tensor& x, c10::SymInt s) { return x + s.expect_int(); }
+        KLOAD_LIBRARY(m) { m.def("shift(Tensor x, SymInt s) -> Tensor"); }
+        KLOAD_IMPL(CPU, m) { m.impl("shift", &shift); }
+    """)
+    h = kload.load(sym, name="trim_symint", reload=False)
+    torch.testing.assert_close(h.shift(torch.zeros(2), 3), torch.full((2,), 3.0))
+    trimmed = h.build().entry.manifest["trimmed"]
+    assert trimmed["registration"] == "torch/library.h" and "registered through" not in no_pch.text

@@ -37,7 +37,11 @@
 #include <ATen/core/Scalar.h>
 #include <ATen/Device.h>
 #include <ATen/Tensor.h>
+#ifdef KLOAD_TRIM_OPERATORS
+#include "operators.h"  // the same operators without <ATen/ops/empty_like.h>'s preamble
+#else
 #include <ATen/TensorOperators.h>
+#endif
 #include <c10/core/Allocator.h>
 #include <c10/core/Layout.h>
 #include <c10/core/Storage.h>
@@ -47,7 +51,11 @@
 #include <ATen/ATen.h>       // operators, methods, at:: functions and factories, AT_DISPATCH_*
 #include <ATen/Parallel.h>   // at::parallel_for, at::get_num_threads
 #endif
+#ifdef KLOAD_LIGHT_REGISTER
+#include "register.h"  // m.def and m.impl through torch's C shim, without <torch/library.h>
+#else
 #include <torch/library.h>
+#endif
 
 #include <optional>
 
@@ -68,6 +76,24 @@ __attribute__((visibility("hidden"))) const char* ns();
 // At most one per library (as with TORCH_LIBRARY); use KLOAD_FRAGMENT for more.
 #define KLOAD_LIBRARY(m) KLOAD_LIBRARY_(m, DEF, KLOAD_CONCAT(kload_def_, __COUNTER__))
 #define KLOAD_FRAGMENT(m) KLOAD_LIBRARY_(m, FRAGMENT, KLOAD_CONCAT(kload_frag_, __COUNTER__))
+// Registers implementations for one dispatch key (CPU, CUDA, Meta, Autograd,
+// CompositeImplicitAutograd, ...). Any number, in any translation unit.
+#define KLOAD_IMPL(k, m) KLOAD_IMPL_(k, m, KLOAD_CONCAT(kload_impl_##k##_, __COUNTER__))
+
+#ifdef KLOAD_LIGHT_REGISTER
+#define KLOAD_LIBRARY_(m, kind, uid)                                                  \
+  static void KLOAD_CONCAT(uid, _init)(::kload::light::Library&);                      \
+  static const ::kload::light::Init KLOAD_CONCAT(uid, _reg)(                           \
+      ::kload::light::Library::Kind::kind, &KLOAD_CONCAT(uid, _init), ::kload::detail::ns(), \
+      nullptr, __FILE__, __LINE__);                                                   \
+  void KLOAD_CONCAT(uid, _init)(::kload::light::Library & m)
+#define KLOAD_IMPL_(k, m, uid)                                                        \
+  static void KLOAD_CONCAT(uid, _init)(::kload::light::Library&);                      \
+  static const ::kload::light::Init KLOAD_CONCAT(uid, _reg)(                           \
+      ::kload::light::Library::Kind::IMPL, &KLOAD_CONCAT(uid, _init), ::kload::detail::ns(), \
+      #k, __FILE__, __LINE__);                                                        \
+  void KLOAD_CONCAT(uid, _init)(::kload::light::Library & m)
+#else
 #define KLOAD_LIBRARY_(m, kind, uid)                                      \
   static void KLOAD_CONCAT(uid, _init)(torch::Library&);                  \
   static const torch::detail::TorchLibraryInit KLOAD_CONCAT(uid, _reg)(   \
@@ -75,14 +101,13 @@ __attribute__((visibility("hidden"))) const char* ns();
       std::nullopt, __FILE__, __LINE__);                                  \
   void KLOAD_CONCAT(uid, _init)(torch::Library & m)
 
-// Registers implementations for one dispatch key (CPU, CUDA, Meta, Autograd,
-// CompositeImplicitAutograd, ...). Any number, in any translation unit.
-#define KLOAD_IMPL(k, m) KLOAD_IMPL_(k, m, KLOAD_CONCAT(kload_impl_##k##_, __COUNTER__))
 #define KLOAD_IMPL_(k, m, uid)                                            \
   static void KLOAD_CONCAT(uid, _init)(torch::Library&);                  \
   static const torch::detail::TorchLibraryInit KLOAD_CONCAT(uid, _reg)(   \
       torch::Library::IMPL, &KLOAD_CONCAT(uid, _init), ::kload::detail::ns(), \
       std::make_optional(c10::DispatchKey::k), __FILE__, __LINE__);       \
   void KLOAD_CONCAT(uid, _init)(torch::Library & m)
+
+#endif
 
 #endif  // KLOAD_KERNEL_H_
