@@ -23,6 +23,9 @@ from pathlib import Path
 
 from .errors import KloadError
 
+# what <kload/register.h> includes beyond Tensor (torch 2.9 and later)
+HEADERS = ("torch/csrc/stable/c/shim.h", "torch/csrc/inductor/aoti_torch/c/shim.h", "torch/headeronly/version.h")
+
 # comments only (string literals kept: the schemas are in them)
 _ONLY_COMMENTS = re.compile(r"//[^\n]*|/\*.*?\*/|(\"(?:\\.|[^\"\\\n])*\")", re.S)
 # what the registration of <kload/register.h> does not offer: torch::Library's own API, the dispatcher

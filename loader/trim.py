@@ -200,7 +200,7 @@ class Trim:
             return
         self.headers = sorted(names & ops)
         self.aten = aten_headers(texts)
-        if (inc / "torch" / "csrc" / "stable" / "c" / "shim.h").is_file():
+        if all((inc / h).is_file() for h in registration.HEADERS):
             self.kinds, self.light_why_not = registration.kinds(texts)
         self.operators = registration.operators_apply(texts)
         self._failed = ws / (DIR + ".failed")  # the trimmed set that did not compile here last time

@@ -202,7 +202,9 @@ def test_a_kernel_that_does_not_match_its_schema_is_refused_and_an_unboxed_type_
     """The C shim checks only counts at a call; m.impl checks the kinds when it compiles, so an
     int kernel for a float schema is a compile error at the user's m.impl line (torch::Library
     refuses it when the library loads), not bits read as the wrong type. A kernel type the shim
-    path does not box (SymInt) compiles with <torch/library.h>. Two sources: two builds."""
+    path does not box (SymInt) compiles with <torch/library.h>. A second def of one op, which
+    torch::Library would throw while the library opens (an abort), is a KloadError. Three sources:
+    three builds."""
     src = write(tmp_path / "mismatch.cpp", """\
         #include <kload/kernel.h>
         at::Tensor scale(const at::Tensor& x, int64_t s) { return x * s; }
@@ -216,6 +218,16 @@ def test_a_kernel_that_does_not_match_its_schema_is_refused_and_an_unboxed_type_
     src.write_text(src.read_text().replace("int64_t s", "double s"))  # the fix: a new build that works
     h = kload.load(src, name="trim_mismatch", reload=False)
     torch.testing.assert_close(h.scale(torch.ones(2), 1.5), torch.full((2,), 1.5))
+
+    # what torch refuses while registering (a second def of one op) is an exception, not an abort
+    dup = write(tmp_path / "dup.cpp", """\
+        #include <kload/kernel.h>
+        at::Tensor twice(const at::Tensor& x) { return x * 2; }
+        KLOAD_LIBRARY(m) { m.def("twice(Tensor x) -> Tensor"); m.def("twice(Tensor x) -> Tensor"); }
+        KLOAD_IMPL(CPU, m) { m.impl("twice", &twice); }
+    """)
+    with pytest.raises(kload.KloadError, match=r"trim_dup did not register: m\.def.* failed: .*multiple times"):
+        kload.load(dup, name="trim_dup", reload=False).build()
 
     no_pch.clear()
     sym = write(tmp_path / "symint.cpp", """\

@@ -134,6 +134,14 @@ struct Ret<std::tuple<T...>> {
 
 [[noreturn]] inline void fail(const std::string& what) { throw std::runtime_error("kload: " + what); }
 
+inline std::string torch_says() {  // the shim's last exception (torch 2.13 keeps it)
+#if TORCH_ABI_VERSION >= ((2ULL << 56) | (13ULL << 48))
+  const char* what = torch_exception_get_what_without_backtrace();
+  if (what && *what) return std::string(": ") + what;
+#endif
+  return "";
+}
+
 inline bool failed(const std::string& what) {  // at registration: recorded, not thrown
   ::kload::detail::light_error(what.c_str());
   return false;
@@ -249,7 +257,7 @@ class Library {
                                              : aoti_torch_library_init_fragment(ns, file, line, &lib_);
     if (err != AOTI_TORCH_SUCCESS) {
       lib_ = nullptr;
-      failed(std::string("registering the library at ") + file + " failed (torch's message is above)");
+      failed(std::string("registering the library at ") + file + " failed" + torch_says());
     }
   }
   Library(const Library&) = delete;
@@ -260,7 +268,7 @@ class Library {
 
   Library& def(const char* schema) {
     if (lib_ && aoti_torch_library_def(lib_, schema) != AOTI_TORCH_SUCCESS) {
-      failed(std::string("m.def(\"") + schema + "\") failed (torch's message is above)");
+      failed(std::string("m.def(\"") + schema + "\") failed" + torch_says());
     }
     return *this;
   }
@@ -281,7 +289,7 @@ class Library {
 #else
     AOTITorchError err = aoti_torch_library_impl(lib_, op, boxed);
 #endif
-    if (err != AOTI_TORCH_SUCCESS) failed(std::string("m.impl(\"") + op + "\") failed (torch's message is above)");
+    if (err != AOTI_TORCH_SUCCESS) failed(std::string("m.impl(\"") + op + "\") failed" + torch_says());
     return *this;
   }
 
