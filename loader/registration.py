@@ -5,11 +5,13 @@ registration and Tensor's operators can skip their heavy headers.
   bool, and every m.impl names one of those ops with a kernel, the generated header
   defines KLOAD_LIGHT_REGISTER and each schema's kinds ("TTd>T": Tensor, Tensor,
   float -> Tensor), and <kload/register.h> registers through torch's stable C shim
-  instead of <torch/library.h> (~3 s of parsing here). It checks each kernel's C++
-  types against its schema's kinds; what it refuses is recorded in the library
-  (kload_light_errors, in the namespace unit build.py writes), and
-  ``check_registered`` raises it once torch has loaded the build, as torch::Library
-  refuses a kernel whose inferred schema differs.
+  instead of <torch/library.h> (~3 s of parsing here). Each m.impl's kernel types
+  are checked against its schema's kinds when it compiles (a consteval op name: a
+  compile error at the user's line). What the shim refuses while registering (a
+  second def of one op) is recorded in the library (kload_light_errors, in the
+  namespace unit build.py writes), and ``check_registered`` raises it once torch has
+  loaded the build, with torch's message (torch::Library would throw it while the
+  library opens, which aborts the process).
 - Operators: where no source includes <ATen/ATen.h>, <ATen/TensorOperators.h> or a
   torch/ header, <kload/operators.h> defines Tensor's operators without
   <ATen/ops/empty_like.h>'s preamble (~2 s where no at:: function is called).
@@ -37,6 +39,7 @@ _IMPL_LITERAL = re.compile(r'\.\s*impl\s*\(\s*"([\w.]+)"\s*,')
 _KINDS = {"Tensor": "T", "int": "i", "float": "d", "bool": "b"}
 # headers that bring <ATen/TensorOperators.h> (whose operators <kload/operators.h> defines again)
 _OPERATORS_INCLUDED = re.compile(r"(?m)^\s*#\s*include\s*[<\"](?:ATen/ATen\.h|ATen/TensorOperators\.h|ATen/native/|torch/)")
+
 
 def _without_comments(text: str) -> str:
     return _ONLY_COMMENTS.sub(lambda m: m.group(1) or " ", text)
@@ -79,8 +82,8 @@ def operators_apply(texts: list[str]) -> bool:
 
 
 def check_registered(artifact: Path, name: str) -> None:
-    """After torch loaded the build: a registration <kload/register.h> refused (a kernel's
-    types against its schema) is an error of the build, as torch::Library's would be."""
+    """After torch loaded the build: a registration the shim refused (a second def of one
+    op, ...) is an error of the build."""
     import ctypes
 
     try:

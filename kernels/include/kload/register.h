@@ -15,8 +15,10 @@
 // schemas use those types alone and whose registration is these two calls; it
 // passes each schema's argument and return kinds (KLOAD_LIGHT_SCHEMAS), and
 // m.impl checks the kernel's C++ types against them when it compiles (torch::Library
-// checks the inferred schema when the library loads). Anything else (another type, TORCH_FN, a fallback, a
-// torch:: name) compiles with <torch/library.h>.
+// checks the inferred schema when the library opens, and its throw aborts the
+// process). Anything else (another type, TORCH_FN, a fallback, a torch:: name)
+// compiles with <torch/library.h>. What the shim refuses at registration (a second
+// def of one op) is recorded through kload::detail::light_error, not thrown.
 //
 // A Tensor crosses the shim as an AtenTensorHandle: an owned heap at::Tensor
 // (torch/csrc/inductor/aoti_torch/utils.h, tensor_handle_to_tensor_pointer).
