@@ -91,6 +91,7 @@ def parse_diagnostics(output: str, line_map=None) -> list[Diagnostic]:
             if file.endswith(_KLOAD_HEADERS) and context is not None:
                 file, line = context["file"].strip(), int(context["line"])
                 col = int(context["col"]) if context["col"] else None
+            context = None  # it led to this error, not to a later one
             if line_map is not None:
                 file, line = line_map(file, line)
             d = Diagnostic(file, line, col, m["msg"].strip())

@@ -180,7 +180,6 @@ class Trim:
         self.aten: list[str] = []        # the further headers of <ATen/ATen.h> it includes
         self.why_not = ""
         self.kinds: dict[str, str] | None = None  # registration through the C shim: each op's kinds
-        self.light_why_not = "this torch has no stable C shim"
         self.operators = False                    # <kload/operators.h> for <ATen/TensorOperators.h>
         if not self.applies or pch_ready:
             return
@@ -201,7 +200,7 @@ class Trim:
         self.headers = sorted(names & ops)
         self.aten = aten_headers(texts)
         if all((inc / h).is_file() for h in registration.HEADERS):
-            self.kinds, self.light_why_not = registration.kinds(texts)
+            self.kinds = registration.kinds(texts)
         self.operators = registration.operators_apply(texts)
         self._failed = ws / (DIR + ".failed")  # the trimmed set that did not compile here last time
         try:

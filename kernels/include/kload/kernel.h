@@ -80,34 +80,30 @@ __attribute__((visibility("hidden"))) const char* ns();
 // CompositeImplicitAutograd, ...). Any number, in any translation unit.
 #define KLOAD_IMPL(k, m) KLOAD_IMPL_(k, m, KLOAD_CONCAT(kload_impl_##k##_, __COUNTER__))
 
-#ifdef KLOAD_LIGHT_REGISTER
-#define KLOAD_LIBRARY_(m, kind, uid)                                                  \
-  static void KLOAD_CONCAT(uid, _init)(::kload::light::Library&);                      \
-  static const ::kload::light::Init KLOAD_CONCAT(uid, _reg)(                           \
-      ::kload::light::Library::Kind::kind, &KLOAD_CONCAT(uid, _init), ::kload::detail::ns(), \
-      nullptr, __FILE__, __LINE__);                                                   \
-  void KLOAD_CONCAT(uid, _init)(::kload::light::Library & m)
-#define KLOAD_IMPL_(k, m, uid)                                                        \
-  static void KLOAD_CONCAT(uid, _init)(::kload::light::Library&);                      \
-  static const ::kload::light::Init KLOAD_CONCAT(uid, _reg)(                           \
-      ::kload::light::Library::Kind::IMPL, &KLOAD_CONCAT(uid, _init), ::kload::detail::ns(), \
-      #k, __FILE__, __LINE__);                                                        \
-  void KLOAD_CONCAT(uid, _init)(::kload::light::Library & m)
+namespace kload {
+namespace detail {
+#ifdef KLOAD_LIGHT_REGISTER  // a first build: registered through torch's C shim (kload/register.h)
+using Library = ::kload::light::Library;
+using LibraryInit = ::kload::light::Init;
 #else
-#define KLOAD_LIBRARY_(m, kind, uid)                                      \
-  static void KLOAD_CONCAT(uid, _init)(torch::Library&);                  \
-  static const torch::detail::TorchLibraryInit KLOAD_CONCAT(uid, _reg)(   \
-      torch::Library::kind, &KLOAD_CONCAT(uid, _init), ::kload::detail::ns(), \
-      std::nullopt, __FILE__, __LINE__);                                  \
-  void KLOAD_CONCAT(uid, _init)(torch::Library & m)
-
-#define KLOAD_IMPL_(k, m, uid)                                            \
-  static void KLOAD_CONCAT(uid, _init)(torch::Library&);                  \
-  static const torch::detail::TorchLibraryInit KLOAD_CONCAT(uid, _reg)(   \
-      torch::Library::IMPL, &KLOAD_CONCAT(uid, _init), ::kload::detail::ns(), \
-      std::make_optional(c10::DispatchKey::k), __FILE__, __LINE__);       \
-  void KLOAD_CONCAT(uid, _init)(torch::Library & m)
-
+using Library = ::torch::Library;
+using LibraryInit = ::torch::detail::TorchLibraryInit;
 #endif
+}  // namespace detail
+}  // namespace kload
+
+#define KLOAD_LIBRARY_(m, kind, uid)                                          \
+  static void KLOAD_CONCAT(uid, _init)(::kload::detail::Library&);            \
+  static const ::kload::detail::LibraryInit KLOAD_CONCAT(uid, _reg)(          \
+      ::kload::detail::Library::kind, &KLOAD_CONCAT(uid, _init), ::kload::detail::ns(), \
+      std::nullopt, __FILE__, __LINE__);                                      \
+  void KLOAD_CONCAT(uid, _init)(::kload::detail::Library & m)
+
+#define KLOAD_IMPL_(k, m, uid)                                                \
+  static void KLOAD_CONCAT(uid, _init)(::kload::detail::Library&);            \
+  static const ::kload::detail::LibraryInit KLOAD_CONCAT(uid, _reg)(          \
+      ::kload::detail::Library::IMPL, &KLOAD_CONCAT(uid, _init), ::kload::detail::ns(), \
+      std::make_optional(c10::DispatchKey::k), __FILE__, __LINE__);           \
+  void KLOAD_CONCAT(uid, _init)(::kload::detail::Library & m)
 
 #endif  // KLOAD_KERNEL_H_

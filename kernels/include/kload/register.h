@@ -33,6 +33,7 @@
 #include <array>
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <tuple>
@@ -194,7 +195,7 @@ struct Kernel {
     return std::array<void (*)(StableIValue*, uint64_t, uint64_t), sizeof...(I)>{&boxed<I>...};
   }
 
-  static void (*slot(Fn f, const char* name))(StableIValue*, uint64_t, uint64_t) {
+  static void (*slot(Fn f))(StableIValue*, uint64_t, uint64_t) {
     static constexpr auto boxes = table(std::make_integer_sequence<int, kSlots>{});
     for (int i = 0; i < used; ++i) {
       if (fns[i] == f) return boxes[i];
@@ -251,12 +252,12 @@ using fn_of = decltype(+std::declval<std::decay_t<F>&>());  // a function, a poi
 
 class Library {
  public:
-  enum class Kind { DEF, IMPL, FRAGMENT };
+  enum Kind { DEF, IMPL, FRAGMENT };  // as torch::Library's, so kernel.h's macros serve both
 
-  Library(Kind kind, const char* ns, const char* key, const char* file, uint32_t line) {
-    AOTITorchError err = kind == Kind::IMPL  ? aoti_torch_library_init_impl(ns, key, file, line, &lib_)
-                         : kind == Kind::DEF ? aoti_torch_library_init_def(ns, file, line, &lib_)
-                                             : aoti_torch_library_init_fragment(ns, file, line, &lib_);
+  Library(Kind kind, const char* ns, std::optional<c10::DispatchKey> key, const char* file, uint32_t line) {
+    AOTITorchError err = kind == IMPL  ? aoti_torch_library_init_impl(ns, c10::toString(*key), file, line, &lib_)
+                         : kind == DEF ? aoti_torch_library_init_def(ns, file, line, &lib_)
+                                       : aoti_torch_library_init_fragment(ns, file, line, &lib_);
     if (err != AOTI_TORCH_SUCCESS) {
       lib_ = nullptr;
       failed(std::string("registering the library at ") + file + " failed" + torch_says());
@@ -281,7 +282,7 @@ class Library {
     fn_of<F> fn = +f;
     using K = decltype(kernel_of(fn));
     if (!lib_) return *this;
-    auto boxed = K::slot(fn, op);
+    auto boxed = K::slot(fn);
     if (!boxed) {
       failed(std::string("more than 64 kernels of one C++ signature in one file, at m.impl(\"") + op + "\")");
       return *this;
@@ -299,8 +300,10 @@ class Library {
   TorchLibraryHandle lib_ = nullptr;
 };
 
+// torch::detail::TorchLibraryInit's counterpart (the same arguments)
 struct Init {
-  Init(Library::Kind kind, void (*fn)(Library&), const char* ns, const char* key, const char* file, uint32_t line)
+  Init(Library::Kind kind, void (*fn)(Library&), const char* ns, std::optional<c10::DispatchKey> key,
+       const char* file, uint32_t line)
       : lib(kind, ns, key, file, line) {
     fn(lib);
   }
