@@ -18,7 +18,7 @@ from .api import load, load_inline
 from .handle import HISTORY, Handle
 
 
-__all__ = ["load", "load_inline", "cuda_module", "Handle", "CompileError", "KloadError", "HISTORY", "kernels",
+__all__ = ["load", "load_inline", "cuda_module", "Handle", "CompileError", "KloadError", "RegistrationError", "HISTORY", "kernels",
            "patch", "unpatch", "cpp_extension"]
 __version__ = "0.1.0"
 
@@ -53,7 +53,7 @@ def load_ipython_extension(ipython):
 
 def __getattr__(name):
     # `kload.kernels` (the shipped kernels), `kload.cuda_module` and the exceptions are imported on first use
-    if name in ("CompileError", "KloadError"):
+    if name in ("CompileError", "KloadError", "RegistrationError"):
         from . import errors
 
         return getattr(errors, name)

@@ -33,6 +33,17 @@ class CompileError(KloadError):
         return [f"CompileError: {self.args[0].splitlines()[0]}"] + self.args[0].splitlines()[1:]
 
 
+class RegistrationError(KloadError):
+    """torch refused a build's registration (a kernel whose C++ types do not match its
+    schema, a second def of one op, a namespace this process has). Nothing of the build
+    was registered; the process and the builds it had loaded go on. ``e.op``, ``e.file``
+    and ``e.line`` name the user's ``m.impl``/``m.def`` where kload found it."""
+
+    def __init__(self, name: str, op: str | None, file: str | None, line: int | None, text: str):
+        self.name, self.op, self.file, self.line = name, op, file, line
+        super().__init__(text)
+
+
 class Diagnostic:
     """One compiler error: where, what, and the offending source line."""
 

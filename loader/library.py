@@ -47,27 +47,65 @@ def _has_any_op(ns: str, ops: list[str]) -> bool:
     return any(torch._C._jit_get_schemas_for_operator(f"{ns}::{op}") for op in ops)
 
 
-def check_fixed_namespaces(name: str, namespaces: list[str], key: str | None, ops: list[str] = ()) -> None:
+def check_fixed_namespaces(name: str, namespaces: list[str], key: str | None, ops: list[str] = (),
+                           defined: list[str] | None = None) -> None:
     """Refuse to load a TORCH_LIBRARY namespace that this process already has.
 
     PyTorch aborts the whole process when a second library registers a
     namespace; this turns that into an exception before anything is loaded.
     ``ops`` are the names the library defines (sources.py found them): the check
-    looks those up, not every op of the process.
+    looks those up, not every op of the process. ``defined``: the namespaces its
+    TORCH_LIBRARY blocks define, each also asked of torch (a library that Python
+    made with ``torch.library.Library(ns, "DEF")`` has no op to look up).
     """
     for ns in namespaces:
         owner = _fixed_owner.get(ns)
         if owner is not None and owner == key:
             continue
-        if owner is not None or _has_any_op(ns, list(ops)):
-            raise _error(
-                f"{name!r} registers TORCH_LIBRARY({ns}, ...), and this process already has "
-                f"operators in namespace {ns!r}"
-                + (" from an earlier build of it" if owner else "")
-                + ". PyTorch registers a namespace once per process, so this build cannot be loaded "
-                "here: restart the process (the new build is then a cache hit), or register with "
-                "KLOAD_LIBRARY(m) so that kload gives every build its own namespace."
-            )
+        taken = None
+        if owner is None and not _has_any_op(ns, list(ops)):
+            if ns in (defined or ()):
+                from .registration import namespace_taken  # (a TORCH_LIBRARY library's first load only)
+
+                taken = namespace_taken(ns)
+            if taken is None:
+                continue
+        raise _error(
+            f"{name!r} registers TORCH_LIBRARY({ns}, ...), and this process already has "
+            + (f"a library of namespace {ns!r} (torch: {taken})" if taken else f"operators in namespace {ns!r}")
+            + (" from an earlier build of it" if owner else "")
+            + ". PyTorch registers a namespace once per process, so this build cannot be loaded "
+            "here: restart the process (the new build is then a cache hit), or register with "
+            "KLOAD_LIBRARY(m) so that kload gives every build its own namespace."
+        )
+
+
+def _register(path: str, m: dict) -> None:
+    """Register a kload op library's blocks (kernel.h's kload_register) now that torch has
+    opened it: what torch refuses is a RegistrationError, and the process goes on."""
+    import ctypes
+
+    try:
+        run = ctypes.CDLL(path).kload_register
+    except AttributeError:  # built before registration was deferred: it registered as it opened
+        return
+    run.restype = ctypes.c_char_p
+    said = run()
+    if said:
+        from .registration import refusal  # only when something is refused
+
+        where, _, text = said.decode("utf-8", "replace").partition("\t")
+        raise refusal(m["name"], where, text, list(m.get("source_paths") or ()))
+
+
+def _open_in_child_first(path: str, m: dict) -> None:
+    """A library that registers as it opens, not yet opened anywhere: open it in a child
+    first, so that torch's abort on a mistake ends the child, not this process."""
+    from .registration import open_in_child, refusal
+
+    _, said = open_in_child(path)
+    if said:
+        raise refusal(m["name"], "", said, list(m.get("source_paths") or ()))
 
 
 def claim_fixed_namespaces(namespaces: list[str], key: str) -> None:
@@ -146,19 +184,26 @@ def load_stable(entry: Entry, path: str) -> tuple[list[str], str | None]:
     lib.kload_stable_describe.restype = ctypes.c_char_p
     lib.kload_stable_register.restype = ctypes.c_char_p
     lib.kload_stable_register.argtypes = [ctypes.c_char_p, ctypes.c_int]
-    schemas, kernels = [], set()
+    schemas, kernels, parsed = [], set(), {}
     for line in lib.kload_stable_describe().decode("utf-8", "replace").splitlines():
         kind, _, rest = line.partition("\t")
         if kind == "error":
             raise _error(f"{name!r}: a KLOAD_LIBRARY/KLOAD_IMPL block failed: {rest}")
         if kind == "def":
             try:
-                torch._C.parse_schema(rest)
+                s = torch._C.parse_schema(rest)
             except RuntimeError as e:
                 raise _error(f"{name!r} defines an invalid schema {rest!r}: {e}") from None
+            parsed[s.name + ("." + s.overload_name if s.overload_name else "")] = s
             schemas.append(rest)
         elif kind == "impl":
-            kernels.add(tuple(rest.split("\t", 1)))
+            key, op, types = (rest.split("\t") + ["", ""])[:3]
+            kernels.add((key, op))
+            wrong = _boxing_mismatch(parsed.get(op), types)
+            if wrong:  # TORCH_BOX would read the arguments' bits as the wrong types: refused before registering
+                from .registration import refusal
+
+                raise refusal(name, "", wrong, list(m.get("source_paths") or ()), op=op, call="impl")
     schemas_t, kernels_f = tuple(sorted(schemas)), frozenset(kernels)
     ident = library_identity(m)
     last = _stable_last.get(ident)
@@ -178,6 +223,25 @@ def load_stable(entry: Entry, path: str) -> tuple[list[str], str | None]:
         raise _error(f"registering the ops of {name!r} failed: {err.decode('utf-8', 'replace')}")
     _stable_last[ident] = (ns, schemas_t, kernels_f)
     return [ns], note
+
+
+def _boxing_mismatch(schema, types: str) -> str | None:
+    """What differs between a schema and the C++ types TORCH_BOX saw its kernel take
+    ("Tensor,float>Tensor"; an empty name is a type kload does not compare), or None."""
+    if schema is None or not types:
+        return None
+    args, _, rets = types.partition(">")
+    for what, want, have in (("argument", [(a.name, str(a.type)) for a in schema.arguments], args),
+                             ("return", [(f"#{i + 1}", str(r.type)) for i, r in enumerate(schema.returns)], rets)):
+        have = have.split(",") if have else []
+        if len(have) != len(want):
+            return (f"the kernel's C++ types do not match its schema: the schema has {len(want)} {what}s, "
+                    f"the kernel {len(have)}")
+        for (arg, expected), got in zip(want, have):
+            if got and got != expected:
+                return (f"the kernel's C++ types do not match its schema: {what} {arg} is {expected} in the "
+                        f"schema, the kernel's is {got} (TORCH_BOX would read its bits as {got})")
+    return None
 
 
 _load_lock = threading.RLock()
@@ -234,7 +298,9 @@ def load_entry(entry: Entry) -> Loaded:
         m = entry.manifest
         fixed = list(m.get("fixed_namespaces") or [])
         if fixed:  # a build in this process claimed them already (resolve.py)
-            check_fixed_namespaces(m["name"], fixed, entry.key, m.get("fixed_ops") or ())
+            check_fixed_namespaces(m["name"], fixed, entry.key, m.get("fixed_ops") or (), m.get("def_namespaces"))
+            if not m.get("opens_checked"):  # its build could not open it in a child: here, first
+                _open_in_child_first(path, m)
         import torch
 
         module, note = None, None
@@ -260,6 +326,8 @@ def load_entry(entry: Entry) -> Loaded:
                 cause = e.__cause__ or e
                 hint = f" (its CUDA sources were not built: {m['cuda_skipped']})" if m.get("cuda_skipped") else ""
                 raise _error(f"cannot load {path}: {cause}{hint}") from None
+            if m.get("namespace"):  # kload's macros register now, not while the library opened (kernel.h)
+                _register(path, m)
         if fixed:
             claim_fixed_namespaces(fixed, entry.key)
         loaded = Loaded(entry, module, own + fixed, note)

@@ -19,7 +19,7 @@ from kload.cache.store import Store, writable_error
 
 from . import build, knobs
 from .errors import KloadError
-from .library import check_fixed_namespaces, claim_fixed_namespaces
+from .library import check_fixed_namespaces
 from .plan import Plan
 
 _FULL_DISK = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM)
@@ -37,8 +37,9 @@ def obtain(plan: Plan, store: Store, *, may_compile: bool) -> tuple[Entry, str, 
     remote = _remote_cache()
     if may_compile:
         # a fixed TORCH_LIBRARY namespace can be registered once per process: refuse before
-        # compiling, since torch loads what it builds
-        check_fixed_namespaces(plan.name, plan.sources.fixed_namespaces, None, plan.sources.fixed_ops)
+        # compiling what this process could not load
+        check_fixed_namespaces(plan.name, plan.sources.fixed_namespaces, None, plan.sources.fixed_ops,
+                               plan.sources.def_namespaces)
     seconds = 0.0
     # without a compile, the lock is taken only for a download (a read-only cache takes none)
     if may_compile or (remote is not None and _writable(store)):
@@ -69,9 +70,6 @@ def obtain(plan: Plan, store: Store, *, may_compile: bool) -> tuple[Entry, str, 
         raise refusal(plan, store)                   # 6. KLOAD_DISABLE_JIT=1: nothing compiles
     if seconds == 0.0:  # found under the lock, or downloaded: compiled by another process or node
         return entry, "cache", 0.0
-    # torch's loader has loaded what it built (its TORCH_LIBRARY blocks ran): this build
-    # owns those namespaces now, so a load() after build() is no second owner
-    claim_fixed_namespaces(entry.manifest.get("fixed_namespaces") or [], entry.key)
     store.evict_after_publish(entry.path.name, knobs.cache_max_size())   # 7. evict
     sweep(store)  # and what processes killed mid-publish left
     return entry, "built", seconds

@@ -20,6 +20,7 @@ shim path does not box) is one trim.py compiles again with the whole API.
 """
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -81,16 +82,217 @@ def operators_apply(texts: list[str]) -> bool:
     return not any(_OPERATORS_INCLUDED.search(t) for t in texts)
 
 
-def check_registered(artifact: Path, name: str) -> None:
-    """After torch loaded the build: a registration the shim refused (a second def of one
-    op, ...) is an error of the build."""
+# the schema literals of m.def("...") (also inside TORCH_SELECTIVE_SCHEMA), one string each
+_SCHEMA_LITERAL = re.compile(r'\.\s*def\s*\(\s*(?:TORCH_SELECTIVE_SCHEMA\s*\(\s*)?"((?:\\.|[^"\\\n])*\((?:\\.|[^"\\\n])*)"'
+                             r'\s*[,)]')
+
+
+def check_schemas(name: str, paths: list[Path], log_path: Path) -> None:
+    """Each schema the sources define, read by torch's own parser before anything compiles or
+    opens (torch would throw while registering it: an abort, for a library that registers as
+    it opens). A schema torch cannot read is a CompileError at its m.def line."""
+    import torch
+
+    from .errors import CompileError, Diagnostic
+
+    bad = []
+    for path in paths:
+        try:
+            text = path.read_text(errors="replace")
+        except OSError:
+            continue
+        if ".def" not in text:
+            continue
+        code = _ONLY_COMMENTS.sub(lambda m: m.group(1) or re.sub(r"[^\n]", " ", m.group(0)), text)  # offsets kept
+        for m in _SCHEMA_LITERAL.finditer(code):
+            try:
+                torch._C.parse_schema(m[1].encode().decode("unicode_escape"))
+            except RuntimeError as e:
+                said = str(e).strip().splitlines()
+                line = code.count("\n", 0, m.start(1)) + 1
+                column = m.start(1) - code.rfind("\n", 0, m.start(1))
+                d = Diagnostic(str(path), line, column, "torch cannot parse this schema: " + " ".join(
+                    t.strip() for t in said[:1]) + (f" (at: {said[1].strip()})" if len(said) > 1 else ""))
+                d.source_line = text.splitlines()[line - 1] if line <= len(text.splitlines()) else None
+                bad.append(d)
+    if bad:
+        raw = "\n".join(f"{d.location()}: error: {d.message}" for d in bad)
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        log_path.write_text(raw + "\n")
+        raise CompileError(name, bad, log_path, raw)
+
+
+# -- a build's registration, refused or probed ----------------------------------------------
+
+# torch's messages that name the op (its namespace is the build's: kload_<name>_<hex>, or the user's own)
+_OP_IN_MESSAGE = (re.compile(r"operator:\s*(?:\w+::)?(\w+)"), re.compile(r"register an operator \((?:\w+::)?(\w+)"),
+                  re.compile(r"\b\w+::(\w+)\b"))
+_AS_IMPL = ("Inferred operator schema", "kernel", "impl")
+
+
+def refusal(name: str, where: str, torch_says: str, sources: list[str], op: str | None = None,
+            call: str | None = None) -> "RegistrationError":
+    """What torch (or kload's check of TORCH_BOX) refused while a build registered, as the
+    user's mistake: the op, the m.impl or m.def line in the user's sources that made it, and
+    torch's own words. ``where`` is the "file:line" of the registration block (kernel.h's
+    kload_register), if known; ``op`` and ``call`` where the caller knows them."""
+    from .errors import RegistrationError
+
+    said = torch_says.strip()
+    op = op or next((m[1] for p in _OP_IN_MESSAGE for m in [p.search(said)] if m), None)
+    call = call or ("impl" if any(w in said for w in _AS_IMPL) and "multiple times" not in said else "def")
+    file, line = _locate(op, call, sources, last="multiple times" in said) if op else (None, None)
+    if file is None and ":" in where:
+        file, _, number = where.rpartition(":")
+        line = int(number) if number.isdigit() else None
+    what = f'm.{call}("{op}")' if op else "a registration block"
+    place = f"{file}:{line}" if line else (file or "?")
+    reason = re.search(r"(?m)^\s*reason:\s*(.+)$", said)
+    first = said.splitlines()[0] if said else "refused"
+    if reason and "Inferred operator schema" in said:
+        first = f"the kernel's C++ types do not match its schema ({reason[1].strip().rstrip('.')})"
+    text = f"{name!r} did not register: {place}: {what}: {first}"
+    if said and said != first:
+        text += "\n  torch says: " + "\n    ".join(said.splitlines())
+    return RegistrationError(name, op, file, line, text)
+
+
+_LINE_DIRECTIVE = re.compile(r'(?m)^\s*#\s*line\s+(\d+)(?:\s+"((?:\\.|[^"\\])*)")?')
+
+
+def _line_of(path: str, text: str, offset: int) -> tuple[str, int]:
+    """The file and line of ``offset`` as the compiler names them: after a ``#line N "file"``
+    (a notebook cell's generated source names the cell so), that file and line."""
+    line = text.count("\n", 0, offset) + 1
+    directive = None
+    for d in _LINE_DIRECTIVE.finditer(text, 0, offset):
+        directive = d
+    if directive is None:
+        return path, line
+    at = text.count("\n", 0, directive.start()) + 1  # the directive's own line; the next is N
+    return (directive[2] or path), int(directive[1]) + line - at - 1
+
+
+def _locate(op: str, call: str, sources: list[str], last: bool) -> tuple[str | None, int | None]:
+    """The file and line of ``m.impl("op"`` (or ``m.def("op``) in the sources; the last one for
+    a second def."""
+    pattern = re.compile(r'\.\s*' + call + r'\s*\(\s*(?:TORCH_SELECTIVE_SCHEMA\s*\(\s*)?"(?:\w+::)?' + re.escape(op)
+                         + r'\b')
+    found = []
+    for path in sources:
+        try:
+            text = Path(path).read_text(errors="replace")
+        except OSError:
+            continue
+        found += [_line_of(path, text, m.start()) for m in pattern.finditer(text)]
+    if not found:
+        return None, None
+    return found[-1] if last else found[0]
+
+
+# A library that registers as it opens (TORCH_LIBRARY, STABLE_TORCH_LIBRARY): opening it in a
+# child first, so that torch's abort ends the child and not the user's process.
+_ABORT = re.compile(r"terminate called after throwing an instance of '[^']*'\s*(?:what\(\):\s*)?(.*)", re.S)
+PROBE_SECONDS = 60
+
+
+def open_in_child(artifact: str) -> tuple[list[str] | None, str | None]:
+    """Open ``artifact`` in a forked child of this process (same torch, same registrations).
+
+    Returns ``(namespaces, None)``: the namespaces of the ops it registered; ``(None,
+    message)``: opening it aborted, with torch's message; ``(None, None)``: the child could
+    not tell (no fork here, or it died of something else), and the caller goes on."""
     import ctypes
+    import json
+    import selectors
+    import signal
+    import time
+
+    import torch
+
+    if not hasattr(os, "fork"):
+        return None, None
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: open it, say what it registered, leave without running anything of the parent's
+        try:
+            os.close(out_r)
+            os.close(err_r)
+            os.dup2(err_w, 2)
+            before = set(torch._C._dispatch_get_all_op_names())
+            ctypes.CDLL(artifact)
+            new = set(torch._C._dispatch_get_all_op_names()) - before
+            os.write(out_w, json.dumps(sorted({n.split("::", 1)[0] for n in new if "::" in n})).encode())
+        finally:
+            os._exit(0)
+    os.close(out_w)
+    os.close(err_w)
+    chunks = {out_r: b"", err_r: b""}
+    deadline = time.monotonic() + PROBE_SECONDS
+    with selectors.DefaultSelector() as sel:
+        for fd in chunks:
+            sel.register(fd, selectors.EVENT_READ)
+        while sel.get_map() and time.monotonic() < deadline:
+            for key, _ in sel.select(timeout=max(0.0, deadline - time.monotonic())):
+                data = os.read(key.fd, 65536)
+                if data:
+                    chunks[key.fd] += data
+                else:
+                    sel.unregister(key.fd)
+    if time.monotonic() >= deadline:
+        os.kill(pid, signal.SIGKILL)
+    _, status = os.waitpid(pid, 0)
+    for fd in chunks:
+        os.close(fd)
+    if os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0 and chunks[out_r]:
+        return json.loads(chunks[out_r]), None
+    said = _ABORT.search(chunks[err_r].decode("utf-8", "replace"))
+    if said:
+        text = said[1].split("\nException raised from", 1)[0].split("\nframe #", 1)[0]
+        return None, text.strip()
+    return None, None
+
+
+def namespace_taken(ns: str) -> str | None:
+    """torch's refusal, when a TORCH_LIBRARY(ns, m) would be a second library of ``ns`` in this
+    process (one that Python made with torch.library.Library(ns, "DEF"), say); else None.
+    Asked by opening a library of ``ns`` and dropping it at once (microseconds)."""
+    import torch
 
     try:
-        errors = ctypes.CDLL(str(artifact)).kload_light_errors
-    except (OSError, AttributeError):
-        return
-    errors.restype = ctypes.c_char_p
-    text = (errors() or b"").decode("utf-8", "replace").strip()
-    if text:
-        raise KloadError(f"{name} did not register: " + "; ".join(text.splitlines()))
+        probe = torch._C._dispatch_library("DEF", ns, "", "", 0)
+    except RuntimeError as e:
+        said = str(e).split("\nException raised from", 1)[0]
+        at = re.search(r"Previous registration of TORCH_LIBRARY was registered at (.*?);", said)
+        return f"its library was registered at {at[1]}" if at else said
+    del probe  # its destructor gives the namespace back
+    return None
+
+
+_SECOND_LIBRARY = re.compile(r"Only a single TORCH_LIBRARY can be used to register the namespace (\w+)")
+
+
+def opens_safely(name: str, artifact: str, namespaces: list[str], sources: list[str]) -> tuple[list[str], bool]:
+    """A library that registers as it opens (TORCH_LIBRARY, STABLE_TORCH_LIBRARY), just built:
+    open it in a child first. Returns the namespaces its ops are in and whether the child
+    opened it; what torch refuses is a RegistrationError (the build is not published).
+
+    Not asked where this process has one of its namespaces already: the child would be
+    refused for a reason of this process, not of the library (the load refuses it here
+    with the reason; a fresh process's first load opens it in a child first)."""
+    import torch
+
+    have = {n.split("::", 1)[0] for n in torch._C._dispatch_get_all_op_names()}
+    mine = [ns for ns in namespaces if ns in have or namespace_taken(ns)]
+    if mine:
+        return namespaces, False
+    found, said = open_in_child(artifact)
+    if said:
+        second = _SECOND_LIBRARY.search(said)
+        if second and namespace_taken(second[1]):  # a namespace named through a macro, taken here
+            return sorted(set(namespaces) | {second[1]}), False
+        raise refusal(name, "", said, sources)
+    if found is None:
+        return namespaces, False
+    return found or namespaces, True

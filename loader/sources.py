@@ -19,6 +19,7 @@ _COMMENTS = r"//[^\n]*|/\*.*?\*/"
 _OPLIB = r"\bKLOAD_(?:LIBRARY|FRAGMENT|IMPL)\s*\("
 _PYBIND = r"\bPYBIND11_MODULE\s*\("
 _FIXED_NS = r"\b(?:STABLE_)?TORCH_LIBRARY(?:_FRAGMENT|_IMPL)?\s*\(\s*(\w+)\s*,"
+_DEF_NS = r"\b(?:STABLE_)?TORCH_LIBRARY\s*\(\s*(\w+)\s*,"
 # the op names a TORCH_LIBRARY block defines: m.def("name(...) -> ...") or m.def("name", &fn)
 _FIXED_DEF = r"\.def\(\s*(?:TORCH_SELECTIVE_SCHEMA\(\s*)?\"(?:\w+::)?(\w+)"
 # the older registration API: torch::RegisterOperators("ns::op", &fn) / RegisterOperators().op("ns::op(...)")
@@ -57,6 +58,7 @@ class SourceSet:
         self.python_module = False         # PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)
         self.fixed_namespaces: list[str] = []  # TORCH_LIBRARY(ns, m) / STABLE_TORCH_LIBRARY(ns, m) / RegisterOperators
         self.fixed_ops: list[str] = []     # the op names those blocks define (what a load checks is free)
+        self.def_namespaces: list[str] = []  # the namespaces of TORCH_LIBRARY / STABLE_TORCH_LIBRARY (DEF) blocks
         self.stable = False                # only stable-ABI headers (kload/stable.h, torch/csrc/stable/)
         self.missing_checks: list[str] = []  # CHECK_* used but not defined (kload supplies them)
         self.first_includes: dict[str, str | None] = {}  # source -> the PCH_HEADERS header it starts with
@@ -83,7 +85,7 @@ class SourceSet:
         return any(s.is_cuda for s in self.sources)
 
 
-SCAN_VERSION = 9  # of _classify's findings: scans remembered by another version are not used
+SCAN_VERSION = 10  # of _classify's findings: scans remembered by another version are not used
 
 
 def scan(paths: list[Path], scans: dict | None = None) -> SourceSet:
@@ -109,6 +111,7 @@ def scan(paths: list[Path], scans: dict | None = None) -> SourceSet:
     out.op_library, out.python_module = found["op_library"], found["python_module"]
     out.fixed_namespaces, out.missing_checks = list(found["fixed_namespaces"]), list(found["missing_checks"])
     out.fixed_ops = list(found["fixed_ops"])
+    out.def_namespaces = list(found.get("def_namespaces") or ())
     out.first_includes = {str(s.path): h for s, h in zip(out.sources, found["first_includes"])}
     out.pch_headers = list(found["pch_headers"])
     out.stable = found["stable"]
@@ -159,6 +162,7 @@ def _classify(blobs: list[bytes], paths: list[Path]) -> dict:
                 if ns != "_" and ns not in out.fixed_namespaces:
                     out.fixed_namespaces.append(ns)
             out.fixed_ops.extend(n for n in re.findall(_FIXED_DEF, code) if n not in out.fixed_ops)
+            out.def_namespaces.extend(n for n in re.findall(_DEF_NS, code) if n not in out.def_namespaces)
         if "RegisterOperators" in code:  # each op once per process, like a TORCH_LIBRARY namespace
             for ns, op in re.findall(_REGISTERED, code):
                 if ns not in out.fixed_namespaces:
@@ -174,6 +178,7 @@ def _classify(blobs: list[bytes], paths: list[Path]) -> dict:
             versioned_inc |= bool(re.search(_VERSIONED_INC, code))
     return {"op_library": out.op_library, "python_module": out.python_module,
             "fixed_namespaces": out.fixed_namespaces, "fixed_ops": out.fixed_ops if out.fixed_namespaces else [],
+            "def_namespaces": out.def_namespaces,
             "missing_checks": [] if includes_kernel_h else _missing_checks(used, defined), "first_includes": firsts,
             "pch_headers": sorted(pch_headers),
             "stable": stable_inc and not versioned_inc and not out.python_module,

@@ -1,8 +1,8 @@
 """Step 6 of a load, the compile itself: one run of torch.utils.cpp_extension.load
 for a plan (kload's flags beside the plan's), with the linked library checked
-before torch loads it, and torch's "Error building extension" turned into a
-CompileError. Also what a built library tells about itself: the stable ABI's
-imports, the namespaces torch registered when it loaded.
+where torch would load it (it is not loaded here), and torch's "Error building
+extension" turned into a CompileError. Also what a built library tells about
+itself: the stable ABI's imports.
 """
 from __future__ import annotations
 
@@ -62,20 +62,6 @@ def forget_objects(ws: Path, paths: set[str]) -> None:
                 pass
 
 
-def op_names() -> set[str]:
-    import torch
-
-    return set(torch._C._dispatch_get_all_op_names())
-
-
-def registered_namespaces(before: set[str] | None) -> list[str]:
-    """The namespaces of the operators that appeared since ``before`` (torch's loader
-    loaded the library it built)."""
-    if before is None:
-        return []
-    return sorted({n.split("::", 1)[0] for n in op_names() - before if "::" in n})
-
-
 # Undefined symbols that tie a library to one torch build or one Python (demangled by nm -C)
 _VERSIONED_SYMBOL = r"(?:^|[^\w:])(?:at|c10|torch|caffe2|pybind11)::|^_?Py"
 
@@ -100,10 +86,14 @@ def check_stable_imports(artifact: Path, name: str) -> None:
 
 
 class _CheckedLoad:
-    """While torch's loader builds: check the linked library before it loads it
+    """While torch's loader builds: check the linked library where torch would load it
     (linking.check_artifact: a private C++ runtime would crash this process on the
-    first exception). Wraps the loader's private load step where it has one; else
-    the check runs right after."""
+    first exception), and do not load it. The library opens once, from its cache entry,
+    where registration can be checked first (library.py: kload's macros register when
+    asked; a library that registers as it opens is opened in a child first, by build.py);
+    and a build that is refused never holds its build directory's path in this process
+    (glibc would hand that handle back to the fixed build at the same path). Torch's
+    private load step is wrapped where it has one; else the check runs right after."""
 
     def __init__(self, cpp_extension, plan: Plan, artifact: Path):
         self.mod, self.plan, self.artifact = cpp_extension, plan, artifact
@@ -117,9 +107,11 @@ class _CheckedLoad:
 
     def __enter__(self):
         if self.original is not None:
-            def checked(*args, **kwargs):
+            def checked(module_name, path, is_python_module, *args, **kwargs):
                 self.check()
-                return self.original(*args, **kwargs)
+                if is_python_module:  # (kload asks for none)
+                    return self.original(module_name, path, is_python_module, *args, **kwargs)
+                return str(self.artifact)
             self.mod._import_module_from_library = checked
         return self
 
@@ -131,17 +123,12 @@ class _CheckedLoad:
         return False
 
 
-def run(plan: Plan, ws: Path, sources: list[str], pch_cflags: list[str], link: list[str], artifact: Path
-        ) -> list[str]:
-    """torch's loader on the plan, in this directory; ``link``: the toolchain's link flags
-    (build.link_flags, not keyed). Returns the namespaces of the operators that appeared
-    when torch loaded the build (for fixed-namespace libraries; else []). One at a time
-    per process: the checked load swaps a function of torch's, and the op-name diff
-    around it must see this build's registrations alone."""
+def run(plan: Plan, ws: Path, sources: list[str], pch_cflags: list[str], link: list[str], artifact: Path) -> None:
+    """torch's loader on the plan, in this directory, without its load step (_CheckedLoad);
+    ``link``: the toolchain's link flags (build.link_flags, not keyed). One at a time per
+    process: the checked load swaps a function of torch's."""
     with _ONE_AT_A_TIME:
-        before = op_names() if plan.sources.fixed_namespaces else None
         _run(plan, ws, sources, pch_cflags, link, artifact)
-        return registered_namespaces(before)
 
 
 _ONE_AT_A_TIME = threading.RLock()

@@ -269,11 +269,6 @@ class Trim:
         self.active = False
         self.prepare()
 
-    def check_registered(self, artifact: Path, name: str) -> None:
-        """After torch loaded the build: what <kload/register.h> refused is the build's error."""
-        if self.active and self.kinds is not None:
-            registration.check_registered(artifact, name)
-
     def manifest(self) -> dict | None:
         if not self.active:
             return None

@@ -57,7 +57,10 @@
 #include <torch/library.h>
 #endif
 
+#include <memory>
 #include <optional>
+#include <string>
+#include <vector>
 
 #include "checks.h"
 
@@ -74,36 +77,112 @@ __attribute__((visibility("hidden"))) const char* ns();
 
 // Declares the library's schemas: m.def("op(Tensor x) -> Tensor").
 // At most one per library (as with TORCH_LIBRARY); use KLOAD_FRAGMENT for more.
-#define KLOAD_LIBRARY(m) KLOAD_LIBRARY_(m, DEF, KLOAD_CONCAT(kload_def_, __COUNTER__))
-#define KLOAD_FRAGMENT(m) KLOAD_LIBRARY_(m, FRAGMENT, KLOAD_CONCAT(kload_frag_, __COUNTER__))
+#define KLOAD_LIBRARY(m) KLOAD_BLOCK_(m, DEF, std::nullopt, KLOAD_CONCAT(kload_def_, __COUNTER__))
+#define KLOAD_FRAGMENT(m) KLOAD_BLOCK_(m, FRAGMENT, std::nullopt, KLOAD_CONCAT(kload_frag_, __COUNTER__))
 // Registers implementations for one dispatch key (CPU, CUDA, Meta, Autograd,
 // CompositeImplicitAutograd, ...). Any number, in any translation unit.
-#define KLOAD_IMPL(k, m) KLOAD_IMPL_(k, m, KLOAD_CONCAT(kload_impl_##k##_, __COUNTER__))
+#define KLOAD_IMPL(k, m) \
+  KLOAD_BLOCK_(m, IMPL, std::make_optional(c10::DispatchKey::k), KLOAD_CONCAT(kload_impl_##k##_, __COUNTER__))
 
+// Registration runs when kload asks, not while the library opens.
+//
+// torch's TORCH_LIBRARY registers from a static initializer: a kernel whose C++
+// types do not match its schema, a schema torch cannot parse or a second def of
+// one op throws there, during dlopen, where nothing can catch it, and the
+// process aborts. Here each block is only recorded as the library opens; kload
+// then calls kload_register(), which registers every block under the build's
+// namespace inside a try/catch. On an error it unregisters what it had
+// registered (torch::Library's destructor does) and returns the message, so the
+// mistake is a Python exception and the process keeps the last good build.
 namespace kload {
 namespace detail {
 #ifdef KLOAD_LIGHT_REGISTER  // a first build: registered through torch's C shim (kload/register.h)
 using Library = ::kload::light::Library;
-using LibraryInit = ::kload::light::Init;
 #else
 using Library = ::torch::Library;
-using LibraryInit = ::torch::detail::TorchLibraryInit;
 #endif
+
+// One block, type-erased: the light Library has internal linkage (each translation
+// unit its own kernel slots), and the list below is one per binary.
+struct Block {
+  void* (*open)(int kind, const char* ns, std::optional<c10::DispatchKey> key, const char* file, uint32_t line);
+  void (*close)(void*);
+  void (*init)(void*);
+  int kind;
+  std::optional<c10::DispatchKey> key;
+  const char* file;
+  uint32_t line;
+};
+
+template <class L>
+void* open_library(int kind, const char* ns, std::optional<c10::DispatchKey> key, const char* file, uint32_t line) {
+  return new L(static_cast<typename L::Kind>(kind), ns, key, file, line);
+}
+template <class L>
+void close_library(void* lib) {
+  delete static_cast<L*>(lib);
+}
+template <class L, void (*F)(L&)>
+void run_block(void* lib) {
+  F(*static_cast<L*>(lib));
+}
+template <void (*F)(Library&)>
+Block block(Library::Kind kind, std::optional<c10::DispatchKey> key, const char* file, uint32_t line) {
+  return Block{&open_library<Library>, &close_library<Library>, &run_block<Library, F>, static_cast<int>(kind), key,
+               file, line};
+}
+
+// Hidden: two builds in one process never share the list.
+__attribute__((visibility("hidden"))) inline std::vector<Block>& blocks() {
+  static std::vector<Block> b;
+  return b;
+}
+
+struct Record {
+  explicit Record(const Block& b) { blocks().push_back(b); }
+};
+
+// Registers every block under this build's namespace. Returns nullptr, or
+// "file:line\tmessage" of the block that failed, having unregistered the rest.
+__attribute__((visibility("hidden"))) inline const char* register_blocks() {
+  static std::string error;
+  static auto* kept = new std::vector<void*>();  // the dispatcher refers to these until the process ends
+  std::vector<std::pair<void*, void (*)(void*)>> made;
+  const Block* at = nullptr;
+  error.clear();
+  try {
+    for (const Block& b : blocks()) {
+      at = &b;
+      made.emplace_back(b.open(b.kind, ns(), b.key, b.file, b.line), b.close);
+      b.init(made.back().first);
+    }
+  } catch (const c10::Error& e) {
+    error = e.what_without_backtrace();
+  } catch (const std::exception& e) {
+    error = e.what();
+  } catch (...) {
+    error = "an exception that is not a std::exception";
+  }
+  if (!error.empty()) {
+    error = std::string(at ? at->file : "?") + ":" + std::to_string(at ? at->line : 0) + "\t" + error;
+    for (; !made.empty(); made.pop_back()) made.back().second(made.back().first);  // newest first
+    return error.c_str();
+  }
+  for (auto& lib : made) kept->push_back(lib.first);
+  return nullptr;
+}
 }  // namespace detail
 }  // namespace kload
 
-#define KLOAD_LIBRARY_(m, kind, uid)                                          \
-  static void KLOAD_CONCAT(uid, _init)(::kload::detail::Library&);            \
-  static const ::kload::detail::LibraryInit KLOAD_CONCAT(uid, _reg)(          \
-      ::kload::detail::Library::kind, &KLOAD_CONCAT(uid, _init), ::kload::detail::ns(), \
-      std::nullopt, __FILE__, __LINE__);                                      \
-  void KLOAD_CONCAT(uid, _init)(::kload::detail::Library & m)
+// What kload calls (through ctypes) once the library is open, once per binary.
+extern "C" __attribute__((used, visibility("default"))) inline const char* kload_register() {
+  return ::kload::detail::register_blocks();
+}
 
-#define KLOAD_IMPL_(k, m, uid)                                                \
-  static void KLOAD_CONCAT(uid, _init)(::kload::detail::Library&);            \
-  static const ::kload::detail::LibraryInit KLOAD_CONCAT(uid, _reg)(          \
-      ::kload::detail::Library::IMPL, &KLOAD_CONCAT(uid, _init), ::kload::detail::ns(), \
-      std::make_optional(c10::DispatchKey::k), __FILE__, __LINE__);           \
+#define KLOAD_BLOCK_(m, kind, key, uid)                                                                 \
+  static void KLOAD_CONCAT(uid, _init)(::kload::detail::Library&);                                      \
+  static const ::kload::detail::Record KLOAD_CONCAT(uid, _rec)(                                         \
+      ::kload::detail::block<&KLOAD_CONCAT(uid, _init)>(::kload::detail::Library::kind, key, __FILE__, __LINE__)); \
   void KLOAD_CONCAT(uid, _init)(::kload::detail::Library & m)
 
 #endif  // KLOAD_KERNEL_H_

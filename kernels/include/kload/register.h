@@ -18,7 +18,8 @@
 // checks the inferred schema when the library opens, and its throw aborts the
 // process). Anything else (another type, TORCH_FN, a fallback, a torch:: name)
 // compiles with <torch/library.h>. What the shim refuses at registration (a second
-// def of one op) is recorded through kload::detail::light_error, not thrown.
+// def of one op) is thrown as a std::runtime_error with torch's message; kernel.h's
+// kload_register() catches it (registration runs when kload asks, not in dlopen).
 //
 // A Tensor crosses the shim as an AtenTensorHandle: an owned heap at::Tensor
 // (torch/csrc/inductor/aoti_torch/utils.h, tensor_handle_to_tensor_pointer).
@@ -41,12 +42,6 @@
 #include <utility>
 
 namespace kload {
-namespace detail {
-// Defined in the translation unit kload generates for the build (beside ns()): a
-// registration that fails is recorded and skipped, never thrown during dlopen;
-// kload reads the record (kload_light_errors) when the build loads and raises.
-__attribute__((visibility("hidden"))) void light_error(const char* what);
-}  // namespace detail
 namespace light {
 namespace {  // internal linkage: each translation unit has its own kernel slots
 
@@ -121,6 +116,29 @@ struct Ret<at::Tensor> {
 };
 template <>
 struct Ret<at::Tensor&> : Ret<at::Tensor> {};
+// A scalar return: never in a schema this path takes (loader/registration.py admits
+// `-> Tensor` returns only), so m.impl's check reports it at the user's line
+// (`int64_t f(...)` for `-> Tensor`) instead of the whole API failing as the library opens.
+template <class R, char K>
+struct ScalarRet {
+  static constexpr size_t count = 1;
+  static constexpr char kind = K;
+  static void put(StableIValue* s, R r) { s[0] = bits(r); }  // never runs: the kinds differ
+};
+template <class R, class = void>
+struct RetKind {
+  static constexpr char value = 'T';
+};
+template <class R>
+struct RetKind<R, std::void_t<decltype(Ret<R>::kind)>> {
+  static constexpr char value = Ret<R>::kind;
+};
+template <>
+struct Ret<int64_t> : ScalarRet<int64_t, 'i'> {};
+template <>
+struct Ret<double> : ScalarRet<double, 'd'> {};
+template <>
+struct Ret<bool> : ScalarRet<bool, 'b'> {};
 template <>
 struct Ret<const at::Tensor&> : Ret<at::Tensor> {};
 template <class... T>
@@ -145,9 +163,8 @@ inline std::string torch_says() {  // the shim's last exception (torch 2.13 keep
   return "";
 }
 
-inline bool failed(const std::string& what) {  // at registration: recorded, not thrown
-  ::kload::detail::light_error(what.c_str());
-  return false;
+[[noreturn]] inline void failed(const std::string& what) {  // caught by kload_register (kernel.h)
+  throw std::runtime_error(what);
 }
 
 constexpr int kSlots = 64;  // kernels of one C++ signature per translation unit
@@ -164,7 +181,7 @@ struct Kernel {
     size_t i = 0;
     ((k[i++] = Arg<A>::kind), ...);
     k[i++] = '>';
-    for (size_t r = 0; r < Ret<R>::count; ++r) k[i++] = 'T';
+    for (size_t r = 0; r < Ret<R>::count; ++r) k[i++] = RetKind<R>::value;
     k[i] = '\0';
     return k;
   }();
@@ -298,16 +315,6 @@ class Library {
 
  private:
   TorchLibraryHandle lib_ = nullptr;
-};
-
-// torch::detail::TorchLibraryInit's counterpart (the same arguments)
-struct Init {
-  Init(Library::Kind kind, void (*fn)(Library&), const char* ns, std::optional<c10::DispatchKey> key,
-       const char* file, uint32_t line)
-      : lib(kind, ns, key, file, line) {
-    fn(lib);
-  }
-  Library lib;
 };
 
 }  // namespace

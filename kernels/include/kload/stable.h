@@ -37,6 +37,10 @@
 #include <cstdint>
 #include <cstring>
 #include <exception>
+#include <optional>
+#include <string_view>
+#include <tuple>
+#include <type_traits>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -72,6 +76,77 @@ enum class Kind : int { DEF = 0, FRAGMENT = 1, IMPL = 2 };
 
 class Library;
 using InitFn = void (*)(Library&);
+using BoxedFn = void (*)(StableIValue*, uint64_t, uint64_t);
+
+// -- TORCH_BOX with its C++ types kept --------------------------------------------------
+// torch's boxer reads each StableIValue as the kernel's C++ type says: an int64_t kernel
+// for a `float` argument reads a double's bits as an integer, a Tensor for a `float`
+// dereferences them as a handle. kload's TORCH_BOX is the same boxer and also says what
+// the kernel takes; kload compares that with the schema before it registers anything.
+
+// A C++ parameter or return type as torch prints a schema's type ("" : not compared).
+template <class T>
+struct SchemaType {
+  static constexpr const char* name = "";
+};
+#define KLOAD_SCHEMA_TYPE_(T, text)              \
+  template <>                                    \
+  struct SchemaType<T> {                         \
+    static constexpr const char* name = text;    \
+  };
+KLOAD_SCHEMA_TYPE_(torch::stable::Tensor, "Tensor")
+KLOAD_SCHEMA_TYPE_(std::optional<torch::stable::Tensor>, "Optional[Tensor]")
+KLOAD_SCHEMA_TYPE_(int64_t, "int")
+KLOAD_SCHEMA_TYPE_(std::optional<int64_t>, "Optional[int]")
+KLOAD_SCHEMA_TYPE_(double, "float")
+KLOAD_SCHEMA_TYPE_(std::optional<double>, "Optional[float]")
+KLOAD_SCHEMA_TYPE_(bool, "bool")
+KLOAD_SCHEMA_TYPE_(std::optional<bool>, "Optional[bool]")
+KLOAD_SCHEMA_TYPE_(torch::headeronly::ScalarType, "int")
+KLOAD_SCHEMA_TYPE_(std::vector<int64_t>, "List[int]")
+KLOAD_SCHEMA_TYPE_(torch::headeronly::HeaderOnlyArrayRef<int64_t>, "List[int]")
+KLOAD_SCHEMA_TYPE_(std::string_view, "str")
+KLOAD_SCHEMA_TYPE_(std::string, "str")
+#undef KLOAD_SCHEMA_TYPE_
+
+template <class T>
+using bare_t = std::remove_cv_t<std::remove_reference_t<T>>;
+
+template <class R>
+struct Returns {
+  static std::string text() { return SchemaType<bare_t<R>>::name; }
+};
+template <>
+struct Returns<void> {
+  static std::string text() { return ""; }
+};
+template <class... R>
+struct Returns<std::tuple<R...>> {
+  static std::string text() {
+    std::string out;
+    ((out += (out.empty() ? "" : ",") + std::string(SchemaType<bare_t<R>>::name)), ...);
+    return out;
+  }
+};
+
+template <class F>
+struct Signature;
+template <class R, class... A>
+struct Signature<R(A...)> {
+  // "Tensor,float>Tensor": the arguments, then the returns
+  static std::string text() {
+    std::string out;
+    bool first = true;
+    ((out += (first ? "" : ","), out += SchemaType<bare_t<A>>::name, first = false), ...);
+    return out + ">" + Returns<R>::text();
+  }
+};
+
+template <class FuncT, FuncT* func>
+struct Boxed {
+  operator BoxedFn() const { return &torch::stable::detail::boxer<FuncT, func>::boxed_fn; }  // NOLINT: as torch's
+  static std::string types() { return Signature<FuncT>::text(); }
+};
 
 struct Block {
   Kind kind;
@@ -98,8 +173,6 @@ struct Record {
 // would register, so that kload can compare schemas before touching the dispatcher.
 class Library {
  public:
-  using BoxedFn = void (*)(StableIValue*, uint64_t, uint64_t);
-
   Library(TorchLibraryHandle lib, std::string* describe, const char* key)
       : lib_(lib), describe_(describe), key_(key) {}
 
@@ -112,9 +185,14 @@ class Library {
     return *this;
   }
 
-  Library& impl(const char* name, BoxedFn fn) {
+  template <class FuncT, FuncT* func>
+  Library& impl(const char* name, Boxed<FuncT, func> boxed) {
+    return impl(name, static_cast<BoxedFn>(boxed), Boxed<FuncT, func>::types());
+  }
+
+  Library& impl(const char* name, BoxedFn fn, const std::string& types = "") {
     if (describe_) {
-      *describe_ += std::string("impl\t") + (key_ ? key_ : "") + "\t" + name + "\n";
+      *describe_ += std::string("impl\t") + (key_ ? key_ : "") + "\t" + name + "\t" + types + "\n";
       return *this;
     }
 #if TORCH_FEATURE_VERSION >= TORCH_VERSION_2_10_0
@@ -146,6 +224,14 @@ KLOAD_HIDDEN inline std::string& text() {
 }  // namespace detail
 }  // namespace kload
 
+// TORCH_BOX(&fn): torch's boxer, with fn's C++ types kept for the check above (it still
+// converts to the boxed function pointer torch's own StableLibrary::impl takes).
+#ifdef TORCH_BOX
+#undef TORCH_BOX
+#endif
+#define TORCH_BOX(func) \
+  ::kload::detail::Boxed<std::remove_pointer_t<std::remove_reference_t<decltype(func)>>, (func)> {}
+
 // -- the entry points kload calls (through ctypes) after opening the library ------
 
 // The stable ABI version this binary was compiled for (TORCH_FEATURE_VERSION).
@@ -153,7 +239,8 @@ extern "C" __attribute__((used, visibility("default"))) inline uint64_t kload_st
   return static_cast<uint64_t>(TORCH_FEATURE_VERSION);
 }
 
-// "def\t<schema>" and "impl\t<key>\t<op>" lines: what registering would do.
+// "def\t<schema>" and "impl\t<key>\t<op>\t<types>" lines: what registering would do
+// (types: "Tensor,float>Tensor" as TORCH_BOX saw the kernel, "" for another boxed function).
 extern "C" __attribute__((used, visibility("default"))) inline const char* kload_stable_describe() {
   using namespace kload::detail;
   std::string& out = text();
