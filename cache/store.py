@@ -1,6 +1,5 @@
-"""Steps 4 and 7 of a load (the lookup; eviction after a publish): the on-disk
-cache: index files, entries, manifests, build directories; one way to move aside
-(publish.py has the one way in).
+"""Steps 4 and 7 of a load (the lookup; eviction after a publish): the on-disk cache: index
+files, entries, manifests, build directories; one way to move aside (publish.py has the way in).
 
     <root>/index/<source key>.json      header sets seen for these inputs -> entry
     <root>/entries/<name>-<key16>/      <name>.so + manifest.json (written last)
@@ -21,6 +20,7 @@ import fcntl
 import json
 import logging
 import os
+import stat
 import shutil
 import time
 import uuid
@@ -38,15 +38,22 @@ log = logging.getLogger("kload")
 GRACE = 600.0             # seconds: eviction never takes an entry used or built more recently
 
 
+def not_a_directory(root: Path) -> KloadError:
+    """The cache directory is a file, or below one: say which file."""
+    blocker = next((p for p in [Path(root), *Path(root).parents] if p.exists() and not p.is_dir()), Path(root))
+    where = "is a regular file" if blocker == Path(root) else f"is below {blocker}, which is a regular file"
+    return KloadError(f"the cache directory {root} {where}, not a directory: set KLOAD_CACHE_DIR to a directory")
+
+
 def writable_error(root: Path, e: OSError) -> KloadError:
-    """A clear error for a cache kload cannot write (full, read-only, no permission)."""
+    """A clear error for a cache kload cannot write (full, read-only, no permission, a file in the way)."""
+    if e.errno in (errno.ENOTDIR, errno.EEXIST):
+        return not_a_directory(Path(e.filename) if e.filename else root)
     why = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is exhausted",
            errno.EROFS: "it is on a read-only file system", errno.EACCES: "permission denied",
            errno.EPERM: "permission denied"}.get(e.errno, e.strerror or str(e))
-    return KloadError(
-        f"cannot write the cache at {root}: {why} ({e.filename or root}). Existing entries are untouched "
-        "and still load; to build, free space or set KLOAD_CACHE_DIR to a writable directory."
-    )
+    return KloadError(f"cannot write the cache at {root}: {why} ({e.filename or root}). Existing entries are "
+                      "untouched and still load; to build, free space or set KLOAD_CACHE_DIR to a writable directory.")
 
 
 def parse_size(text: str) -> int | None:
@@ -132,11 +139,15 @@ class Store:
         self._prepared = False
 
     def check_root(self) -> bool:
-        """Refuse a cache root that is not private to this user; False if it does not exist yet."""
+        """Refuse a cache root that is not a directory private to this user; False if it is not there."""
         try:
             st = os.stat(self.root)
         except FileNotFoundError:
             return False
+        except NotADirectoryError:
+            st = None
+        if st is None or not stat.S_ISDIR(st.st_mode):
+            raise not_a_directory(self.root)
         check_private(self.root, st, "cache directory")
         return True
 

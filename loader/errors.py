@@ -74,6 +74,9 @@ _CONTEXT = (r"^(?P<file>[^\s:][^:]*):(?P<line>\d+):(?:(?P<col>\d+):)?\s+"
             r"(?:in [‘'`]constexpr[’'`] expansion of|required from here)")
 # kload's own headers: an error there (<kload/register.h>'s compile-time checks) is shown at that line
 _KLOAD_HEADERS = "/kload/register.h"
+# a library's headers (pybind11's static_asserts, torch's templates): an error there that the user's
+# line led to ("required from here") is shown at the user's line, the header named in the message
+_LIBRARY_HEADERS = re.compile(r"/(?:site|dist)-packages/|^/usr/(?:local/)?(?:include|lib)/|/cuda[^/]*/include/")
 # the linker: anything that says "undefined reference" or "ld: ... error"
 _LINK = r"(undefined reference to|ld(?:\.\w+)?: .*error|collect2: error)"
 
@@ -93,19 +96,23 @@ def parse_diagnostics(output: str, line_map=None) -> list[Diagnostic]:
         text = raw_line.rstrip()
         c = re.match(_CONTEXT, text)
         if c:
-            context = c
+            if not (context is not None and _LIBRARY_HEADERS.search(c["file"])):
+                context = c  # the user's line, not a library's own "required from here" below it
             continue
         m = re.match(_GCC, text) or re.match(_NVCC, text)
         if m:
             file, line = m["file"].strip(), int(m["line"])
             col = int(m["col"]) if m.groupdict().get("col") else None
-            if file.endswith(_KLOAD_HEADERS) and context is not None:
+            message = m["msg"].strip()
+            if context is not None and (file.endswith(_KLOAD_HEADERS) or _LIBRARY_HEADERS.search(file)):
+                if not file.endswith(_KLOAD_HEADERS):
+                    message += f" (in {Path(file).name}:{line})"
                 file, line = context["file"].strip(), int(context["line"])
                 col = int(context["col"]) if context["col"] else None
             context = None  # it led to this error, not to a later one
             if line_map is not None:
                 file, line = line_map(file, line)
-            d = Diagnostic(file, line, col, m["msg"].strip())
+            d = Diagnostic(file, line, col, message)
         elif re.search(_LINK, text):
             d = Diagnostic("linker", None, None, text.strip())
         else:

@@ -47,10 +47,9 @@ class Handle:
     def build(self) -> Resolved:
         """Compile now, or find the build in the cache.
 
-        A cache hit loads nothing. A compile in this process leaves the library
-        loaded, as torch's loader does with what it builds (its static
-        registrations ran), but binds no ops to this handle: ``load()`` or the
-        first op access does that, for every binding style.
+        Loads nothing, a compile included (unlike torch's loader): ``load()`` or the
+        first op access opens the library and registers its ops, where a mistake in
+        the registration is an exception and not the end of the process.
 
         Returns:
             The artifact's path, a ``str``; it also says how it was found: ``.how``

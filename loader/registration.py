@@ -1,22 +1,22 @@
-"""Step 6 of a load, before the compile, for a build trim.py trims: whether its
-registration and Tensor's operators can skip their heavy headers.
+"""Step 6 of a load: how a build registers, and what happens when torch refuses it.
 
-- Registration: where every m.def is a schema literal over Tensor, int, float and
-  bool, and every m.impl names one of those ops with a kernel, the generated header
-  defines KLOAD_LIGHT_REGISTER and each schema's kinds ("TTd>T": Tensor, Tensor,
-  float -> Tensor), and <kload/register.h> registers through torch's stable C shim
-  instead of <torch/library.h> (~3 s of parsing here). Each m.impl's kernel types
-  are checked against its schema's kinds when it compiles (a consteval op name: a
-  compile error at the user's line). What the shim refuses while registering (a
-  second def of one op) is recorded in the library (kload_light_errors, in the
-  namespace unit build.py writes), and ``check_registered`` raises it once torch has
-  loaded the build, with torch's message (torch::Library would throw it while the
-  library opens, which aborts the process).
-- Operators: where no source includes <ATen/ATen.h>, <ATen/TensorOperators.h> or a
-  torch/ header, <kload/operators.h> defines Tensor's operators without
-  <ATen/ops/empty_like.h>'s preamble (~2 s where no at:: function is called).
-A compile these make fail ("redefinition of", KLOAD_WHOLE_API: a kernel type the
-shim path does not box) is one trim.py compiles again with the whole API.
+- Before the compile, for a build trim.py trims: whether its registration and Tensor's
+  operators can skip their heavy headers. Where every m.def is a schema literal over
+  Tensor, int, float and bool, and every m.impl names one of those ops with a kernel,
+  the generated header defines KLOAD_LIGHT_REGISTER and each schema's kinds ("TTd>T":
+  Tensor, Tensor, float -> Tensor), and <kload/register.h> registers through torch's
+  stable C shim instead of <torch/library.h> (~3 s of parsing here); each m.impl's
+  kernel types are checked against its schema's kinds when it compiles (a consteval op
+  name: a compile error at the user's line). Where no source includes <ATen/ATen.h>,
+  <ATen/TensorOperators.h> or a torch/ header, <kload/operators.h> defines Tensor's
+  operators without <ATen/ops/empty_like.h>'s preamble (~2 s where no at:: function is
+  called). A compile these make fail ("redefinition of", KLOAD_WHOLE_API: a kernel type
+  the shim path does not box) is one trim.py compiles again with the whole API.
+- Before anything compiles: every schema literal read by torch's parser (check_schemas).
+- After the compile, for a library that registers as it opens (TORCH_LIBRARY): opened in
+  a forked child first (opens_safely), so that torch's abort ends the child.
+- When a registration is refused (kernel.h's kload_register, the child, the stable
+  TORCH_BOX check in library.py): the RegistrationError at the user's line (refusal).
 """
 from __future__ import annotations
 

@@ -216,6 +216,19 @@ def test_an_edit_of_either_half_recompiles_that_half_only(cache, tmp_path):
     [d] = [d for d in e.value.diagnostics if "not_declared" in d.message]
     assert d.file == str(cu) and "not_declared" in d.source_line and "/split/" in str(e.value.log_path)
 
+    # a launcher whose C++ types do not match the schema (issue 43): torch::Library's refusal is a
+    # RegistrationError at the .cu's m.impl line (it used to abort while the library opened); the
+    # library loaded before keeps serving
+    cu.write_text(cu.read_text().replace(" + not_declared;", ";").replace(
+        'KLOAD_IMPL(CUDA, m) { m.impl("vector_add", &vector_add_cuda); }',
+        'at::Tensor wrong_types(const at::Tensor& a, int64_t b) { return a; }\n'
+        'KLOAD_IMPL(CUDA, m) { m.impl("vector_add", &wrong_types); }'))
+    with pytest.raises(kload.RegistrationError, match="vector_add.*Tensor vs int") as e:
+        kload.load(cpp, cu, reload=False).load()
+    line = next(i for i, t in enumerate(cu.read_text().splitlines(), 1) if "&wrong_types" in t)
+    assert (e.value.file, e.value.line, e.value.op) == (str(cu), line, "vector_add")
+    assert torch.equal(h.vector_add(x, x), 2 * x)
+
 
 @needs_cuda
 def test_constant_memory_and_accessors_link_through_the_halves(cache, tmp_path):

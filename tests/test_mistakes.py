@@ -14,10 +14,11 @@ one interpreter start and one precompiled header serve every case.
 from __future__ import annotations
 
 import json
+import textwrap
 
 import pytest
 
-from conftest import run_code
+from conftest import run_code, tiny
 
 pytestmark = pytest.mark.slow
 
@@ -204,3 +205,45 @@ def test_with_the_precompiled_header_every_mistake_is_an_exception(tmp_path, klo
     assert cell["before"] == [3.0, 3.0] and cell["still"] == [3.0, 3.0] and cell["fixed"] == [2.0, 2.0], cell
     assert cell["error"] and "cellops" in cell["error"] and "float vs int" in cell["error"], cell
     check_the_process_goes_on(out)
+
+
+def test_a_pybind11_binding_mistake_is_shown_at_the_users_line(tmp_path):
+    """pybind11's static_assert fires in pybind11.h; the error is shown at the m.def line that
+    instantiated it, the header named in the message. (A compile error: nothing to share.)"""
+    import kload
+
+    src = tmp_path / "bind3.cpp"
+    src.write_text(textwrap.dedent("""\
+        #include <pybind11/pybind11.h>
+        namespace py = pybind11;
+        int add3(int a, int b, int c) { return a + b + c; }
+        PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+          m.def("add3", &add3, py::arg("a"), py::arg("b"));
+        }
+    """))
+    with pytest.raises(kload.CompileError) as e:
+        kload.load(src, name="bind3", reload=False).build()
+    [first, *_] = e.value.diagnostics
+    assert (first.file, first.line) == (str(src), 5), first
+    assert "argument annotations" in first.message and "(in pybind11.h:" in first.message
+    assert 'py::arg("b")' in first.source_line
+
+
+@pytest.mark.parametrize("below", [False, True])
+def test_a_cache_directory_that_is_a_file_or_below_one_says_so(tmp_path, below):
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    cache = blocker / "cache" if below else blocker
+    src = tiny(tmp_path, "never_built")  # refused at the cache's first look, before any compile
+    proc = run_code(f"""
+        import kload
+        try:
+            kload.load({str(src)!r}).build()
+        except kload.KloadError as e:
+            print("KloadError:", e)
+    """, env={"KLOAD_CACHE_DIR": str(cache)}, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    said = proc.stdout
+    assert "KloadError:" in said and "not a directory" in said, said
+    assert (f"is below {blocker}, which is a regular file" if below else f"{blocker} is a regular file") in said
+    assert "File exists" not in said

@@ -228,7 +228,7 @@ def test_a_kernel_that_does_not_match_its_schema_is_refused_and_an_unboxed_type_
     """)
     with pytest.raises(kload.RegistrationError, match=r"'trim_dup' did not register: .*dup\.cpp:3: m\.def\(\"twice\"\).* failed: "
                                                       r".*multiple times"):
-        kload.load(dup, name="trim_dup", reload=False).build()
+        kload.load(dup, name="trim_dup", reload=False).load()  # registration is at load
 
     no_pch.clear()
     sym = write(tmp_path / "symint.cpp", """\
