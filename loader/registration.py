@@ -141,10 +141,11 @@ def refusal(name: str, where: str, torch_says: str, sources: list[str], op: str 
     said = torch_says.strip()
     op = op or next((m[1] for p in _OP_IN_MESSAGE for m in [p.search(said)] if m), None)
     call = call or ("impl" if any(w in said for w in _AS_IMPL) and "multiple times" not in said else "def")
-    file, line = _locate(op, call, sources, last="multiple times" in said) if op else (None, None)
-    if file is None and ":" in where:
-        file, _, number = where.rpartition(":")
-        line = int(number) if number.isdigit() else None
+    block_file, _, number = where.rpartition(":")
+    block = (block_file, int(number)) if number.isdigit() else None
+    file, line = _locate(op, call, sources, "multiple times" in said, block) if op else (None, None)
+    if file is None and block:
+        file, line = block
     what = f'm.{call}("{op}")' if op else "a registration block"
     place = f"{file}:{line}" if line else (file or "?")
     reason = re.search(r"(?m)^\s*reason:\s*(.+)$", said)
@@ -173,9 +174,10 @@ def _line_of(path: str, text: str, offset: int) -> tuple[str, int]:
     return (directive[2] or path), int(directive[1]) + line - at - 1
 
 
-def _locate(op: str, call: str, sources: list[str], last: bool) -> tuple[str | None, int | None]:
-    """The file and line of ``m.impl("op"`` (or ``m.def("op``) in the sources; the last one for
-    a second def."""
+def _locate(op: str, call: str, sources: list[str], last: bool, block: tuple[str, int] | None = None
+            ) -> tuple[str | None, int | None]:
+    """The file and line of ``m.impl("op"`` (or ``m.def("op``) in the sources: the first in the
+    refused ``block`` (its file, from its line on) where it is known; the last one for a second def."""
     pattern = re.compile(r'\.\s*' + call + r'\s*\(\s*(?:TORCH_SELECTIVE_SCHEMA\s*\(\s*)?"(?:\w+::)?' + re.escape(op)
                          + r'\b')
     found = []
@@ -187,6 +189,9 @@ def _locate(op: str, call: str, sources: list[str], last: bool) -> tuple[str | N
         found += [_line_of(path, text, m.start()) for m in pattern.finditer(text)]
     if not found:
         return None, None
+    in_block = [f for f in found if block and f[0] == block[0] and f[1] >= block[1]]
+    if in_block and not last:
+        return in_block[0]
     return found[-1] if last else found[0]
 
 
