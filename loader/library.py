@@ -297,9 +297,11 @@ def load_entry(entry: Entry) -> Loaded:
             return done
         m = entry.manifest
         fixed = list(m.get("fixed_namespaces") or [])
-        if fixed:  # a build in this process claimed them already (resolve.py)
+        if fixed:  # refused where this process has one of its namespaces (an earlier load claimed it)
             check_fixed_namespaces(m["name"], fixed, entry.key, m.get("fixed_ops") or (), m.get("def_namespaces"))
-            if not m.get("opens_checked"):  # its build could not open it in a child: here, first
+            # its build could not open it in a child: here, first (an entry from before the field was
+            # opened by its builder's own load: known to open, not asked again on every hit)
+            if m.get("opens_checked") is False:
                 _open_in_child_first(path, m)
         import torch
 
