@@ -30,7 +30,27 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(scope="session", autouse=True)
-def kload_cache(tmp_path_factory):
+def worker_temp_dir(tmp_path_factory):
+    """Each pytest worker its own TMPDIR, so its own foreground lock (foreground.py): a
+    machine's builds pause its background precompiles, which is right for one user, but
+    here the other worker is an unrelated test. Sharing one lock, test_mistakes.py's
+    run of builds held test_pch.py's precompiles stopped (all of test_pch.py had taken
+    277 s; then its lifecycle test alone took 427 s, and the suite 1549-1599 s)."""
+    import tempfile
+
+    folder = tmp_path_factory.mktemp("tmp")
+    old = os.environ.get("TMPDIR")
+    os.environ["TMPDIR"], tempfile.tempdir = str(folder), None  # gettempdir() caches its answer
+    yield folder
+    if old is None:
+        os.environ.pop("TMPDIR", None)
+    else:
+        os.environ["TMPDIR"] = old
+    tempfile.tempdir = None
+
+
+@pytest.fixture(scope="session", autouse=True)
+def kload_cache(tmp_path_factory, worker_temp_dir):
     """One cache for the session: tests share compiled artifacts, CI starts cold."""
     cache = tmp_path_factory.mktemp("kload-cache")
     old = os.environ.get("KLOAD_CACHE_DIR")
