@@ -72,7 +72,7 @@ def one(client: str, side: str, ext_dir: str, cache: str) -> float:
 
 NS_CHECK = """
 import json, os, time, timeit, torch, kload
-from kload import library
+from kload.resolve import library
 src = {src!r}
 t = time.perf_counter()
 h = kload.load(src, reload=False).load()

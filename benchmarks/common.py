@@ -86,7 +86,7 @@ def _wait_background(cache: str, timeout: float = 600) -> None:
                 cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
             except OSError:
                 continue
-            if b"kload.pch_build" in cmd and cache.encode() in cmd:
+            if b"kload.compile.pch_build" in cmd and cache.encode() in cmd:
                 busy = True
         if not busy:
             return

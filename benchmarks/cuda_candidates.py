@@ -48,11 +48,11 @@ def main() -> None:
     args = ap.parse_args()
     import torch
 
-    from kload import cusplit
+    from kload.compile.cuda_split import split as cusplit
     from kload.options import include_dir
-    from kload.pch_build import torch_ninja_variables
-    from kload.split_units import host_flags
-    from kload.toolchain import find_cuda_home, pip_cuda_includes
+    from kload.compile.pch_build import torch_ninja_variables
+    from kload.compile.cuda_split.units import host_flags
+    from kload.plan.toolchain import find_cuda_home, pip_cuda_includes
 
     os.environ["TORCH_CUDA_ARCH_LIST"] = ARCHS
     cuda_home = os.environ.setdefault("CUDA_HOME", find_cuda_home())

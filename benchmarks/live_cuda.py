@@ -129,7 +129,7 @@ def code(side: str, d: Path) -> str:
 def main(repeat: int) -> None:
     import torch
 
-    from kload.toolchain import find_cuda_home, pip_cuda_includes
+    from kload.plan.toolchain import find_cuda_home, pip_cuda_includes
 
     if torch.version.cuda is None or shutil.which("nvcc") is None:
         sys.exit("live.py --cuda needs a CUDA build of torch and nvcc on PATH")

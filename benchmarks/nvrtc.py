@@ -3,7 +3,7 @@
     .venv-next/bin/python benchmarks/nvrtc.py [--repeat N]
 
 Rows (no GPU needed; this times compilers and the cache, not kernels):
-  - NVRTC (ctypes, kload.nvrtc): the device code of kernels/vector_add/vector_add.cu
+  - NVRTC (ctypes, kload.live.nvrtc): the device code of kernels/vector_add/vector_add.cu
     (its anonymous namespace: every kernel, every dtype nvcc instantiates) to a cubin;
   - the same through NVIDIA's cuda-bindings (the other binding kload could use), if installed;
   - nvcc -cubin on the same device code (the compilers alone, same input);
@@ -74,7 +74,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeat", type=int, default=9)
     args = ap.parse_args()
-    from kload import nvrtc
+    from kload.live import nvrtc
 
     lib = nvrtc.library()
     work = Path(tempfile.mkdtemp(prefix="kload-nvrtc-"))
@@ -149,7 +149,7 @@ def main() -> None:
         for k, fn in sides.items():
             times[k].append(timed(fn))
 
-    hit = f"""import time, kload; from kload import nvrtc
+    hit = f"""import time, kload; from kload.live import nvrtc
 t = time.perf_counter(); m = kload.cuda_module({str(kfile)!r}, names={floats!r}, reload=False)
 m.compile("sm_90").artifact.read_bytes(); assert nvrtc.COMPILES == 0; print(time.perf_counter() - t)"""
     builtins = sorted(str(p) for p in Path(lib.path).parent.glob("libnvrtc-builtins.so.*") if ".alt." not in p.name)

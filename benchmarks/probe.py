@@ -34,7 +34,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="kload-probe-"))
     os.environ["KLOAD_CACHE_DIR"] = str(work / "cache")
     import kload
-    from kload.registration import open_in_child
+    from kload.compile.registration import open_in_child
 
     (work / "probe_bench.cpp").write_text(SRC)
     artifact = str(kload.load(str(work / "probe_bench.cpp"), reload=False).build())

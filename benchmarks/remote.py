@@ -239,7 +239,7 @@ src = sys.argv[1]
 text = open(src).read()
 h = kload.load(src, reload=False)
 h.sm(torch.ones(2))
-from kload import pch_build
+from kload.compile import pch_build
 pch_build.wait(timeout=600)  # the precompiled stable.h the first build started
 for i in range(0, {n} + 1):  # edit 0 is untimed: the first build with the precompiled header
     input()  # the other side's edit is done

@@ -82,13 +82,13 @@ def background_running(cache: Path) -> bool:
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
         except OSError:
             continue
-        if b"kload.pch_build" in cmd and str(cache).encode() in cmd:
+        if b"kload.compile.pch_build" in cmd and str(cache).encode() in cmd:
             return True
     return False
 
 
 def setup(style: str, side: str, work: Path) -> dict:
-    from kload.toolchain import find_cuda_home, pip_cuda_includes
+    from kload.plan.toolchain import find_cuda_home, pip_cuda_includes
 
     cpp, cu, *_ = STYLES[style]
     d = work / style / side.replace(" ", "_")

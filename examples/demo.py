@@ -71,7 +71,7 @@ def live_edit(a, b) -> None:
     import shutil
     import tempfile
 
-    from kload import pch_build
+    from kload.compile import pch_build
 
     t = time.perf_counter()
     pch_build.wait(timeout=600)  # the background build of <kload/kernel.h> the first compile started

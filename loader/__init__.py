@@ -11,11 +11,11 @@ import logging
 
 from . import messages  # first: its filter gives every record of the kload logger the "kload: " prefix
 
-# A cache hit imports these, what they import (options, fingerprint, resolve, library)
-# and kload.cache; the rest loads when first needed.
+# A cache hit imports these, what they import (options, reloading, resolve, resolve.library)
+# and kload.cache: ten modules (docs/design.md); the rest loads when first needed.
 from . import knobs
-from .api import load, load_inline
-from .handle import HISTORY, Handle
+from .doors import load, load_inline
+from .doors.handle import HISTORY, Handle
 
 
 __all__ = ["load", "load_inline", "cuda_module", "Handle", "CompileError", "KloadError", "RegistrationError", "HISTORY", "kernels",
@@ -46,7 +46,7 @@ if knobs.patch_torch():
 
 def load_ipython_extension(ipython):
     """``%load_ext kload``: the ``%%kload`` cell magic and the ``%kload`` line magic."""
-    from .magic import load_ipython_extension as register
+    from .doors.magic import load_ipython_extension as register
 
     register(ipython)
 
@@ -58,7 +58,7 @@ def __getattr__(name):
 
         return getattr(errors, name)
     if name == "cuda_module":  # NVRTC and the driver API: imported by its first use only
-        from .live_cuda import cuda_module
+        from .live.cuda_module import cuda_module
 
         return cuda_module
     if name in ("kernels", "cpp_extension"):

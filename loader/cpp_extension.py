@@ -27,8 +27,8 @@ from typing import Any
 
 from torch.utils import cpp_extension as _torch_ext
 
-from .api import inline_folder, write_files
-from .handle import Handle
+from .doors import inline_folder, write_files
+from .doors.handle import Handle
 from .options import CPP_SUFFIXES, CUDA_SUFFIXES, check_name, make_options, source_paths
 
 log = logging.getLogger("kload")
@@ -307,7 +307,7 @@ def patch() -> None:
     KLOAD_PATCH_TORCH=1, read at ``import kload``)."""
     if is_patched():
         return
-    _torch_ext._kload_torch_load = TORCH_LOAD  # what kload's own builds call (build.py)
+    _torch_ext._kload_torch_load = TORCH_LOAD  # what kload's own builds call (compile/pipeline.py)
     _torch_ext.load = _wrapped(load, TORCH_LOAD)
     _torch_ext.load_inline = _wrapped(load_inline, TORCH_LOAD_INLINE)
 

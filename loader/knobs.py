@@ -4,7 +4,7 @@ only, grouped by concern; README lists them all.
 Each knob is read when it is used, not at import, so a test or a notebook can
 change it for a block (:func:`scoped`) or with ``os.environ`` and see the effect at
 the next build. The facts of the environment that keys hold (torch's identity, the
-compiler on PATH) are not knobs: fingerprint.py has them.
+compiler on PATH) are not knobs: options.py has them.
 """
 from __future__ import annotations
 
@@ -113,7 +113,7 @@ def lean_cuda() -> bool:
 
 def split_cuda() -> bool:
     """``KLOAD_SPLIT_CUDA`` (default 1): a .cu that includes torch's headers is compiled in
-    two halves (split_build.py): its host code by g++ with its #include block precompiled,
+    two halves (cuda_split/build.py): its host code by g++ with its #include block precompiled,
     its kernels by nvcc without torch's host headers. 0: nvcc compiles it whole."""
     return _flag("KLOAD_SPLIT_CUDA", True)
 

@@ -1,14 +1,19 @@
-"""Step 1 of a load: what the caller passed, validated.
+"""What a load is given: the caller's options, validated, and the facts of this
+environment that a key holds.
 
 ``kload.load`` turns its arguments into an :class:`Options` here: absolute paths
 of existing sources with a known suffix, a C-identifier name, flag lists. Bad
-input raises at once, before anything is hashed or compiled. This is on the
-hit path of a fresh process, so it uses ``os.path`` on strings and imports
-nothing heavy.
+input raises at once, before anything is hashed or compiled. The facts (torch's
+and Python's identity, the compiler on PATH, the keyed environment variables, the
+CPU for ``-march=native``) are read here too, for the hit record's fingerprint
+(kload.resolve) and the plan's key (kload.plan). This is on the hit path of a
+fresh process, so it uses ``os.path`` on strings and imports nothing heavy.
 """
 from __future__ import annotations
 
 import os
+import sys
+from functools import lru_cache
 from pathlib import Path
 
 from . import knobs
@@ -103,7 +108,7 @@ class Options:
         self.with_cuda, self.standalone = with_cuda, standalone
         self.as_torch = as_torch  # torch's loader builds sources whose bindings kload cannot see: so does this
         # a file of device code whose kernels the glue launches by name (kload/live.h): compiled by
-        # NVRTC and bound after the library loads (live_glue.py); not part of the library's key
+        # NVRTC and bound after the library loads (live/glue.py); not part of the library's key
         self.device_code = device_code
 
 
@@ -148,3 +153,101 @@ def make_options(name, paths, extra_cflags, extra_cuda_cflags, extra_ldflags, ex
         as_torch=bool(as_torch),
         device_code=device_code,
     )
+
+
+# -- the facts of this environment that a key holds (no knobs: kload sets none of them) --
+
+def torch_release() -> tuple[int, int]:
+    """(major, minor) of the installed torch."""
+    import torch
+
+    major, minor = torch.__version__.split("+")[0].split(".")[:2]
+    return int(major), int(minor)
+
+
+# Environment variables that reach a compile and so belong in the cache key.
+# (Compilers read CPATH & co. themselves; nvcc reads NVCC_*_FLAGS.)
+KEYED_ENV = (
+    "CXX",
+    "CC",
+    "CUDA_HOME",
+    "CUDA_PATH",
+    "ROCM_HOME",
+    "TORCH_CUDA_ARCH_LIST",
+    "NVCC_PREPEND_FLAGS",
+    "NVCC_APPEND_FLAGS",
+    "CPATH",
+    "C_INCLUDE_PATH",
+    "CPLUS_INCLUDE_PATH",
+    "LIBRARY_PATH",
+    "_GLIBCXX_USE_CXX11_ABI",
+    "CUDAHOSTCXX",
+    "NVCC_CCBIN",
+)
+
+
+def keyed_environment() -> dict:
+    return {k: os.environ[k] for k in KEYED_ENV if k in os.environ}
+
+
+def cxx_command() -> str:
+    """The C++ compiler torch.utils.cpp_extension will run."""
+    return os.environ.get("CXX", "c++")
+
+
+def which(name: str) -> str | None:
+    """``shutil.which`` without its generality (this is the hit path): the first
+    executable ``name`` on PATH, or ``name`` itself if it is a path."""
+    if os.sep in name:
+        return name if os.access(name, os.X_OK) and not os.path.isdir(name) else None
+    for d in os.environ.get("PATH", os.defpath).split(os.pathsep):
+        p = os.path.join(d or ".", name)
+        if os.access(p, os.X_OK) and not os.path.isdir(p):
+            return p
+    return None
+
+
+@lru_cache(maxsize=None)
+def torch_identity() -> dict:
+    import torch
+
+    return {
+        "version": torch.__version__,
+        "git": getattr(torch.version, "git_version", None),
+        "cuda": torch.version.cuda,
+        "hip": getattr(torch.version, "hip", None),
+        "debug": bool(getattr(torch.version, "debug", False)),
+        "cxx11_abi": bool(torch._C._GLIBCXX_USE_CXX11_ABI),
+    }
+
+
+@lru_cache(maxsize=None)
+def python_identity() -> dict:
+    from importlib.machinery import EXTENSION_SUFFIXES
+
+    return {
+        "cache_tag": sys.implementation.cache_tag,
+        "ext_suffix": EXTENSION_SUFFIXES[0],
+        "abiflags": getattr(sys, "abiflags", ""),
+    }
+
+
+def host_cpu() -> str:
+    """The CPU model and feature flags (what -march=native compiles for)."""
+    model, flags = "", ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name") and not model:
+                    model = line.split(":", 1)[1].strip()
+                elif line.startswith("flags") and not flags:
+                    flags = line.split(":", 1)[1].strip()
+                if model and flags:
+                    break
+    except OSError:
+        import platform
+
+        return platform.processor() or platform.machine()
+    import hashlib
+
+    return f"{model} flags:{hashlib.sha256(flags.encode()).hexdigest()[:16]}"

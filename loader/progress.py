@@ -1,4 +1,4 @@
-"""Step 6 of a load (and a hit's one line): what a user sees while kload works: one
+"""What a user sees while kload works (and a hit's one line): one
 live line during a build, then a one-line summary.
 
 - In a notebook: a display that updates in place (IPython.display), then the summary.
@@ -117,7 +117,7 @@ class _Status:
                 for a in args:
                     if a.endswith((".cpp", ".cu", ".cc", ".cxx", ".c")):
                         half = re.fullmatch(r"(.+)-[0-9a-f]{6}\.(host\.cpp|device\.cu)", os.path.basename(a))
-                        if half:  # split_build.py's halves of a .cu
+                        if half:  # cuda_split/build.py's halves of a .cu
                             return f"{half[1]}.cu ({'host code' if half[2] == 'host.cpp' else 'kernels'})"
                         return os.path.basename(a)
         return None

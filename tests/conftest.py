@@ -84,7 +84,7 @@ def background_builds_end(kload_cache, tmp_path_factory):
     import signal
     import time
 
-    from kload import pch_build
+    from kload.compile import pch_build
 
     pch_build.wait(timeout=300)
     deadline = time.monotonic() + 300
@@ -95,7 +95,7 @@ def background_builds_end(kload_cache, tmp_path_factory):
                 cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
             except OSError:
                 continue
-            if b"kload.pch_build" in cmd and any(str(kload_cache).encode() in c or mine in c for c in cmd):
+            if b"kload.compile.pch_build" in cmd and any(str(kload_cache).encode() in c or mine in c for c in cmd):
                 left.append(int(pid))
         if not left:
             return

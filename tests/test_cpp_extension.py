@@ -256,7 +256,7 @@ def test_unsupported_sources_go_to_torchs_loader(tmp_path, caplog):
 
 
 def test_max_jobs_follow_free_memory_and_cores():
-    from kload.compilers import JOB_MEMORY, choose_jobs
+    from kload.compile.compilers import JOB_MEMORY, choose_jobs
 
     gb = 1 << 30
     assert choose_jobs(64 * gb, 16, JOB_MEMORY["full"], 40) == 16          # cores bound
@@ -369,7 +369,7 @@ def test_kload_ide_line_magic_writes_the_database(tmp_path):
     out = run_py(f"""
         import io, json, contextlib
         from IPython.core.interactiveshell import InteractiveShell
-        from kload.magic import CellError, KloadMagics
+        from kload.doors.magic import CellError, KloadMagics
         shell = InteractiveShell.instance()
         shell.register_magics(KloadMagics)  # what %load_ext kload registers, without its background precompiles
         said = io.StringIO()

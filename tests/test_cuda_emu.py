@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from kload.toolchain import find_cuda_home
+from kload.plan.toolchain import find_cuda_home
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE / "cuda_emu"))

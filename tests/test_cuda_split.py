@@ -19,11 +19,11 @@ import pytest
 import torch
 
 import kload
-from kload import cuscan, cusplit
+from kload.compile.cuda_split import scan as cuscan, split as cusplit
 from kload.cache.store import Store
 from kload.options import make_options
-from kload.plan import make_plan
-from kload.split_build import SplitBuild
+from kload.plan.plan import make_plan
+from kload.compile.cuda_split.build import SplitBuild
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"

@@ -45,7 +45,7 @@ RELOAD_SCRIPT = """
 
     def wait_stale(h, timeout=60):  # the watcher thread handled the save (an inotify event), not a fixed sleep:
         deadline = time.monotonic() + timeout  # it raised the flag, then dropped the ops (CI run 17 read one
-        while not (h.__dict__["_stale"] and "scale" not in h.__dict__):  # between the two and got the old op)
+        while not (h.__dict__["_reload"].stale and "scale" not in h.__dict__):  # between the two and got the old op)
             assert time.monotonic() < deadline, "the watcher never saw the edit"
             time.sleep(0.01)
 
@@ -73,7 +73,7 @@ RELOAD_SCRIPT = """
     seen.append(ops.scale(x).tolist())
     quiet = time.monotonic()
     while time.monotonic() - quiet < 1.0:  # that save's later events (close after write) handled first
-        if ops.__dict__["_stale"]:
+        if ops.__dict__["_reload"].stale:
             ops.scale  # fails again, said once
             quiet = time.monotonic()
         time.sleep(0.05)
@@ -120,7 +120,7 @@ def test_a_directory_deleted_and_created_again_is_watched_again(tmp_path):
         def after(save):
             save()
             deadline = time.monotonic() + 60
-            while not (ops.__dict__["_stale"] and "grow" not in ops.__dict__):
+            while not (ops.__dict__["_reload"].stale and "grow" not in ops.__dict__):
                 assert time.monotonic() < deadline, "the watcher never saw the save"
                 time.sleep(0.01)
             return ops.grow(torch.ones(1)).tolist()
@@ -167,7 +167,7 @@ def test_a_broken_edit_undone_and_made_again_is_reported_again(tmp_path):
         def after(text):
             src.write_text(text)
             deadline = time.monotonic() + 60
-            while not (ops.__dict__["_stale"] and "undo" not in ops.__dict__):
+            while not (ops.__dict__["_reload"].stale and "undo" not in ops.__dict__):
                 assert time.monotonic() < deadline, "the watcher never saw the save"
                 time.sleep(0.01)
             out = ops.undo(torch.ones(1)).tolist()
@@ -187,7 +187,7 @@ def test_a_broken_edit_undone_and_made_again_is_reported_again(tmp_path):
 def test_only_sources_and_headers_count_as_saves_in_a_folder_watched_whole():
     # from a build's start until one succeeds, the sources' folders are watched whole: an editor's
     # swap file or a notebook's autosave there must not start a compile
-    from kload.watch import source_like
+    from kload.reloading import source_like
 
     assert all(map(source_like, ["k.cu", "k.cuh", "a.h", "b.hpp", "vector", "x.inl", "y.cpp", "z.cc", "t.tcc"]))
     assert not any(map(source_like, [".k.cu.swp", "k.cu~", "#k.cu#", "notes.ipynb", "build.log", ".nfs0001",

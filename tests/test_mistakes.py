@@ -27,7 +27,7 @@ CHILD = r'''
 import json, os, sys, textwrap, time
 from pathlib import Path
 import torch, kload
-from kload import pch_build
+from kload.compile import pch_build
 
 phase, folder = sys.argv[1], Path(sys.argv[2])
 out = {"cases": {}}

@@ -16,14 +16,14 @@ import pytest
 import torch
 
 import kload
-from kload import cudadrv
+from kload.live import cudadrv
 
 from conftest import kload_cli, run_py, write
 
 
 def _has_nvrtc() -> bool:
     try:
-        from kload import nvrtc
+        from kload.live import nvrtc
 
         nvrtc.library()
     except kload.KloadError:
@@ -83,7 +83,7 @@ def test_cpu_only_path_imports_nothing_of_cuda(tmp_path):
         before, nvrtc_before = set(sys.modules), "libnvrtc" in open("/proc/self/maps").read()  # torch's own
         import kload
         y = kload.load({str(src)!r}).twice_cpu(torch.ones(2)).tolist()
-        new = [m for m in set(sys.modules) - before if m in ("kload.nvrtc", "kload.cudadrv", "kload.live_cuda")
+        new = [m for m in set(sys.modules) - before if m in ("kload.live.nvrtc", "kload.live.cudadrv", "kload.live.cuda_module")
                or m.startswith("cuda.")]
         print(json.dumps({{"y": y, "mods": new,
                            "nvrtc": "libnvrtc" in open("/proc/self/maps").read() and not nvrtc_before}}))
@@ -183,7 +183,7 @@ def test_a_fresh_process_hits_with_zero_nvrtc_compiles(kdir):
     entry = module(kdir).compile("sm_90")
     out = run_py(f"""
         import json, kload
-        from kload import nvrtc
+        from kload.live import nvrtc
         mod = kload.cuda_module({str(kdir / "saxpy.cu")!r}, names=["saxpy<float>", "fill"], reload=False)
         print(json.dumps({{"path": str(mod.compile("sm_90").path), "compiles": nvrtc.COMPILES}}))
     """)
@@ -192,7 +192,7 @@ def test_a_fresh_process_hits_with_zero_nvrtc_compiles(kdir):
 
 @needs_nvrtc
 def test_header_edit_makes_a_new_entry_and_revert_finds_the_old(kdir):
-    from kload import nvrtc
+    from kload.live import nvrtc
 
     mod = module(kdir)
     first = mod.compile("sm_90")
@@ -215,7 +215,7 @@ def test_a_header_saved_after_the_key_was_made_is_not_cached_under_it(kdir):
     second write) compiled the new bytes, and without the too-new rule they were cached
     under the old bytes' key, so undoing the edit loaded the edited code. PTX, to read
     which constant each image holds (SCALE * a: 3.0 is 0f40400000; 1.0 folds away)."""
-    from kload import cubin, nvrtc
+    from kload.live import cubin, nvrtc
 
     mod, src = module(kdir), str(kdir / "saxpy.cu")
     plan = cubin.Plan(mod.store, src, mod.names(), mod.options, mod.include_paths, "compute_90")
@@ -264,7 +264,7 @@ def test_a_failed_edit_keeps_the_last_good_kernels(kdir, caplog):
         assert mod.reload() is False
         assert mod.reload() is False
     assert mod.compile("sm_90").path == good.path
-    said = [r for r in caplog.records if "keep serving" in r.getMessage()]
+    said = [r for r in caplog.records if "last good build keeps serving" in r.getMessage()]
     assert len(said) == 1 and "saxpy.cu:9:" in said[0].getMessage()
     (kdir / "saxpy.cu").write_text(text.replace("out[i] = v;", "out[i] = 2 * v;"))
     assert mod.reload() is True and mod.compile("sm_90").path != good.path
@@ -288,7 +288,7 @@ def test_save_marks_the_module_stale(kdir):
     first = mod.compile("sm_90")
     write(kdir / "scale.cuh", "#define SCALE 2.0f\n")  # a header: watched after the first compile
     deadline = time.monotonic() + 120
-    while not mod._stale:
+    while not mod._reload.stale:
         assert time.monotonic() < deadline, "the watcher never saw the save"
         time.sleep(0.02)
     assert mod.compile("sm_90").path != first.path
@@ -297,7 +297,7 @@ def test_save_marks_the_module_stale(kdir):
 CELL = """
     import io, json, contextlib
     from IPython.core.interactiveshell import InteractiveShell
-    from kload.magic import CellError, KloadMagics
+    from kload.doors.magic import CellError, KloadMagics
     shell = InteractiveShell.instance()
     shell.register_magics(KloadMagics)  # what %load_ext kload registers, without its background precompiles
     good = 'extern "C" __global__ void fill(float* out, float v, int n) {\\n  int i = threadIdx.x;\\n  if (i < n) out[i] = v;\\n}\\n'
@@ -397,7 +397,7 @@ def test_glue_binds_its_kernels_by_name_and_checks_each_launch(glue_file, kdir):
 
 @needs_nvrtc
 def test_an_edit_of_the_device_code_rebinds_without_rebuilding_the_glue(glue_file, kdir, caplog):
-    from kload import nvrtc
+    from kload.live import nvrtc
 
     ops = _glue(glue_file, kdir)
     glue_path = ops.build()
@@ -416,7 +416,7 @@ def test_an_edit_of_the_device_code_rebinds_without_rebuilding_the_glue(glue_fil
     (kdir / "saxpy.cu").write_text(text.replace("out[i] = v;", "out[i] = v +;"))
     with caplog.at_level(logging.WARNING, logger="kload"):
         assert ops.reload() is False  # reported once; the last good kernels stay bound
-    assert any("saxpy.cu:9:" in r.getMessage() and "keep serving" in r.getMessage() for r in caplog.records)
+    assert any("saxpy.cu:9:" in r.getMessage() and "last good build keeps serving" in r.getMessage() for r in caplog.records)
     with pytest.raises(TypeError, match="the kernel takes a double"):
         ops.run(x, 2.0, 0)
     (kdir / "saxpy.cu").write_text(text)
@@ -427,7 +427,7 @@ def test_an_edit_of_the_device_code_rebinds_without_rebuilding_the_glue(glue_fil
     # a fresh process: the glue and the device code are both cache hits, zero NVRTC compiles
     out = run_py(f"""
         import json, kload
-        from kload import nvrtc
+        from kload.live import nvrtc
         ops = kload.load({str(glue_file)!r}, device_code={str(kdir / "saxpy.cu")!r}, reload=False)
         print(json.dumps({{"how": ops.build().how, "loaded": bool(ops.load()), "compiles": nvrtc.COMPILES}}))
     """)

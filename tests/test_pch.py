@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import kload
-from kload import foreground, pch_build
+from kload.compile import foreground, pch_build
 from kload.cache import MANIFEST, stamp_of
 from kload.cache.key import sha256_now
 
@@ -129,8 +129,8 @@ def test_precompiled_header_lifecycle(tmp_path, monkeypatch, caplog):
     # a flag GCC checks (-g) makes a new key; plant the -O1 entry there, as if it were
     # stale or foreign: its manifest verifies, GCC refuses it and kload says so
     from kload.options import make_options
-    from kload.pch import plans_for
-    from kload.plan import make_plan
+    from kload.compile.pch import plans_for
+    from kload.plan.plan import make_plan
     from kload.cache.store import Store
 
     store = Store(cache)
@@ -193,8 +193,8 @@ def test_compilers_and_flags_where_no_pch_applies(tmp_path, monkeypatch):
     planned, and the build goes on without (plan level: nothing compiles here)."""
     from kload.cache.store import Store
     from kload.options import make_options
-    from kload.pch import not_applicable, plans_for
-    from kload.plan import make_plan
+    from kload.compile.pch import not_applicable, plans_for
+    from kload.plan.plan import make_plan
 
     store = Store(tmp_path / "cache")
     src = source(tmp_path)
@@ -217,7 +217,7 @@ def test_check_macros_given_to_gcc_are_checks_h():
     import re
 
     from kload.options import include_dir
-    from kload.plan import CHECK_MACROS
+    from kload.plan.plan import CHECK_MACROS
 
     text = (include_dir() / "kload" / "checks.h").read_text().replace("\\\n", " ")
     found = {m[0]: " ".join(m[1].split()) for m in re.findall(r"#define (CHECK_\w+)\(x\)\s+(.*)", text)}
@@ -234,8 +234,8 @@ def test_a_killed_precompile_blocks_nothing(tmp_path, monkeypatch, tally):
 
     from kload.cache.store import Store
     from kload.options import make_options
-    from kload.pch import plans_for, prebuild
-    from kload.plan import make_plan
+    from kload.compile.pch import plans_for, prebuild
+    from kload.plan.plan import make_plan
 
     cache = tmp_path / "cache"
     monkeypatch.setenv("KLOAD_CACHE_DIR", str(cache))

@@ -185,7 +185,7 @@ def test_cpu_only_key_differs_with_and_without_cuda_sources(tmp_path):
         pytest.skip("a CUDA torch builds the .cu")
     from kload.cache.store import Store
     from kload.options import make_options, source_paths
-    from kload.plan import make_plan
+    from kload.plan.plan import make_plan
 
     cpp = sadd_source(tmp_path)
     cu = write(tmp_path / "sadd_cuda.cu", "// no kernel yet\n")
@@ -245,7 +245,7 @@ def test_a_fresh_process_loads_it_from_the_hit_record(sadd):
     h, src = sadd
     code = f"""
         import json, torch, kload
-        from kload.handle import HISTORY
+        from kload.doors.handle import HISTORY
         h = kload.load({str(src)!r}, reload=False)
         a = torch.ones(3)
         print(json.dumps({{"ok": torch.equal(h.sadd(a, a), a * 2), "how": HISTORY[-1]["how"],

@@ -1,52 +1,52 @@
 """The package's structure: loader/ and cache/ form no import circle, late
-(function-level) imports included, and each loader module imports only from the
-steps of a load before it (docs/design.md draws the order)."""
+(function-level) imports included; loader/ is a folder per stage of a load, and
+each module imports only from the shared modules and the stages before its own
+(docs/design.md's table is the same order)."""
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = {"kload": ROOT / "loader", "kload.cache": ROOT / "cache"}
+PACKAGES = {"kload": ROOT / "loader", "kload.cache": ROOT / "cache"}  # (cache/ is a folder of its own)
 
-# The import layers, leaves first: a module may import only from modules listed before
-# it. The comments give each module's step of a load, in the order a load runs them
-# (docs/design.md); a step may call a later one (the front door calls the resolve),
-# so layers and steps differ: the basics and the facts of step 3 sit low.
-ORDER = [
-    "kload.messages", "kload.errors",                              # basics: the "kload: " prefix, the exceptions
-    "kload.cache", "kload.cache.key", "kload.cache.store", "kload.cache.lock",   # 2 hit record, 3 key, 4 lookup, lock
-    "kload.cache.publish",                                         # 7 publish
-    "kload.cache.bundle", "kload.cache.remote",                    # bundles; 5 the remote cache's server
-    "kload.knobs", "kload.foreground",                             # 6 builds pause background precompiles
-    "kload.options",                                               # 1 what the user passed
-    "kload.progress",                                              # 6 the line the user sees (basics)
-    "kload.fingerprint",                                           # 2 the hit record's fingerprint; the facts
-    "kload.toolchain", "kload.linking", "kload.sources",           # 3 key inputs; 6 the link
-    "kload.cuscan", "kload.culaunch", "kload.cusplit",             # 3 a .cu's structure, its launches, its two halves (text)
-    "kload.plan", "kload.explain",                                 # 3 the plan, its key; 4 a refusal says why
-    "kload.pch_build", "kload.pch",                                # 6 precompiled headers
-    "kload.compilers", "kload.torchbuild",                         # 6 the compile
-    "kload.registration", "kload.trim",                            # 6 a build without the PCH: its registration, ATen trimmed
-    "kload.split_units", "kload.split_build",                      # 6 a .cu in halves
-    "kload.build",
-    "kload.remote",                                                # 5 the remote cache
-    "kload.library",                                               # 8 load a library into the process
-    "kload.obtain",                                                # 4-7 the miss: look, lock, fetch, compile, publish
-    "kload.resolve",                                               # 2 hit record, else plan and the miss
-    "kload.watch",                                                 # reload on save
-    "kload.nvrtc", "kload.cubin", "kload.cudadrv", "kload.live_cuda",  # device code: NVRTC, cache, driver, swap
-    "kload.live_glue",                                             # 8 device code bound to C++ glue's slots
-    "kload.handle",                                                # 1 and 8 the user's Handle
-    "kload.api", "kload.ide", "kload.cpp_extension", "kload.magic", "kload.cli_cache", "kload.cli_remote", "kload.__main__", "kload",  # 1 front doors
+# The layers, leaves first, as the tree has them: what every stage shares (the top of
+# loader/, and cache/), then one folder per stage of a load in the order a load runs
+# them, then the names users import. A module may import only from modules listed
+# before it: a stage from the shared modules and the stages before it, never a later
+# one (a late import inside a function counts the same). docs/design.md's table is this.
+LAYERS = [
+    ("shared", ["kload.messages", "kload.errors",                        # the "kload: " prefix, the exceptions
+                "kload.cache", "kload.cache.key", "kload.cache.store", "kload.cache.lock", "kload.cache.publish",
+                "kload.cache.bundle", "kload.cache.remote",             # the cache (cache/)
+                "kload.knobs", "kload.options", "kload.progress",       # settings, inputs and facts, the build line
+                "kload.reloading"]),                                     # the reload policy, reload on save
+    ("kload.plan", ["kload.plan.toolchain", "kload.plan.sources", "kload.plan.plan", "kload.plan.explain",
+                    "kload.plan"]),
+    ("kload.compile", ["kload.compile.foreground", "kload.compile.linking", "kload.compile.pch_build", "kload.compile.pch",
+                     "kload.compile.compilers", "kload.compile.torchbuild", "kload.compile.registration",
+                     "kload.compile.trim", "kload.compile.inputs",
+                     "kload.compile.cuda_split.scan", "kload.compile.cuda_split.launches", "kload.compile.cuda_split.split",
+                     "kload.compile.cuda_split.units", "kload.compile.cuda_split.build", "kload.compile.cuda_split",
+                     "kload.compile.pipeline", "kload.compile"]),
+    ("kload.resolve", ["kload.resolve.library", "kload.resolve.remote", "kload.resolve.obtain", "kload.resolve"]),
+    ("kload.live", ["kload.live.nvrtc", "kload.live.cubin", "kload.live.cudadrv", "kload.live.cuda_module",
+                    "kload.live.glue", "kload.live"]),
+    ("kload.doors", ["kload.doors.handle", "kload.doors", "kload.doors.ide", "kload.doors.magic",
+                     "kload.doors.cli_cache", "kload.doors.cli_remote", "kload.doors.cli"]),
+    ("names users import", ["kload.cpp_extension", "kload.__main__", "kload"]),
 ]
+ORDER = [m for _, mods in LAYERS for m in mods]
 
 
 def modules() -> dict[str, Path]:
     found = {}
     for pkg, folder in PACKAGES.items():
-        for path in sorted(folder.glob("*.py")):
-            found[pkg if path.stem == "__init__" else f"{pkg}.{path.stem}"] = path
+        for path in sorted(folder.rglob("*.py")):
+            parts = [pkg, *path.relative_to(folder).with_suffix("").parts]
+            if parts[-1] == "__init__":
+                parts.pop()
+            found[".".join(parts)] = path
     return found
 
 
@@ -122,8 +122,8 @@ def test_no_import_circles():
 
 def test_the_checker_sees_a_late_import_circle():
     g = graph()
-    g["kload.options"] = g["kload.options"] | {"kload.handle"}  # a late import back up the order
-    assert any("kload.options" in c and "kload.handle" in c for c in circles(g))
+    g["kload.options"] = g["kload.options"] | {"kload.doors.handle"}  # a late import back up the order
+    assert any("kload.options" in c and "kload.doors.handle" in c for c in circles(g))
 
 
 def test_every_module_is_placed_and_imports_only_earlier_steps():
@@ -132,6 +132,16 @@ def test_every_module_is_placed_and_imports_only_earlier_steps():
     rank = {m: i for i, m in enumerate(ORDER)}
     late = [f"{m} imports {d}" for m, deps in g.items() for d in deps if rank[d] >= rank[m]]
     assert late == []
+
+
+def test_each_stage_is_a_folder_and_its_modules_are_in_it():
+    """The layers are the tree: a stage's modules live in its folder (kload.plan.* in
+    loader/plan/), and the shared layer is loader/'s top and cache/."""
+    for stage, mods in LAYERS:
+        if stage == "shared":
+            assert all(m.count(".") == 1 or m.startswith("kload.cache") for m in mods), mods
+        elif stage.startswith("kload."):
+            assert all(m == stage or m.startswith(stage + ".") for m in mods), (stage, mods)
 
 
 def test_no_module_grows_past_350_lines_without_saying_why():

@@ -189,11 +189,11 @@ def test_gcc_behind_ccache_is_gcc_and_keeps_the_precompiled_header(tmp_path, mon
     (asked through its predefined macros), with GCC's own version in the key."""
     if not Path("/usr/lib/ccache/c++").exists():
         pytest.skip("Debian's ccache is not installed (make test installs it as root)")
-    from kload import toolchain
-    from kload.plan import make_plan
+    from kload.plan import toolchain
+    from kload.plan.plan import make_plan
     from kload.options import Options
     from kload.cache.store import Store
-    from kload import pch
+    from kload.compile import pch
 
     monkeypatch.setenv("PATH", "/usr/lib/ccache:" + os.environ["PATH"])
     monkeypatch.setenv("CCACHE_DIR", str(tmp_path / "ccache"))

@@ -59,7 +59,7 @@ KLOAD_IMPL(CPU, m) { m.impl("classic_op", &classic_op); }
 
 RUN = """\
 import json, torch, kload
-from kload.handle import HISTORY
+from kload.doors.handle import HISTORY
 out = {"torch": torch.__version__}
 try:
     h = kload.load(SRC, name=NAME, reload=False).load()
