@@ -49,7 +49,10 @@ EDIT = """
 import json, sys, time, torch
 sys.path.insert(0, {pkg!r})
 import kload
-from kload.compile import pch_build
+try:
+    from kload.compile import pch_build
+except ImportError:  # a revision before loader/ had folders
+    from kload import pch_build
 ops = kload.load({src!r}, reload=False)
 ops.vector_add(torch.ones(4), torch.ones(4))
 ready = pch_build.wait(900)
