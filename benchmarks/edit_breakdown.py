@@ -108,7 +108,7 @@ def ninja(build_dir):
     return (sum(edge(r) for r in run if r[3].endswith(".o")), sum(edge(r) for r in run if not r[3].endswith(".o")))
 """
 
-FRESH = TIMERS + r"""
+FRESH = TIMERS.replace("{", "{{").replace("}", "}}") + r"""
 t0 = time.perf_counter()
 import torch
 t1 = time.perf_counter()
@@ -126,7 +126,7 @@ print(json.dumps({{"T": T, "y": y, "how": kload.HISTORY[-1]["how"], "build_dir":
                   "pch": h.build().entry.manifest.get("pch")}}))
 """
 
-RUNNING = TIMERS + r"""
+RUNNING = TIMERS.replace("{", "{{").replace("}", "}}") + r"""
 import torch, kload
 install()
 h = kload.load({src!r}, reload=False, extra_cflags={cflags!r})
