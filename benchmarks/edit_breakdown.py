@@ -1,7 +1,7 @@
 """Where the seconds of one edit go: edit -> new result, phase by phase, in a fresh
 process and in a running one (as a notebook has it).
 
-    python benchmarks/edit_breakdown.py [--repeat 5] [--cases oplib,stable,split] [--cxx clang++-19]
+    python benchmarks/edit_breakdown.py [--repeat 5] [--cases oplib,stable] [--cxx clang++-19]
 
 Each case is one small library in a cache of its own, built once and with its
 precompiled header ready before anything is timed (not timed). Then ``--repeat``
@@ -30,9 +30,8 @@ in timers (nothing is replaced: each wrapper calls the real function):
     first call                   the op's first call
     other                        what the total has beyond these (the lookup, Python)
 
-The split case (``--cases split``, needs a CUDA build of torch and nvcc) edits the host
-code of the tutorial's .cu (examples/tutorial_my_ops_cuda.cu): its compile is the split's
-host half (g++, its #include block precompiled) with the device half unchanged.
+(The split .cu's host half is not a case yet: it needs a CUDA build of torch and its own
+phases, the halves' compiles, which ninja does not run.)
 """
 from __future__ import annotations
 
@@ -216,13 +215,11 @@ def phases(rec: dict, pch_load: float | None) -> dict[str, float]:
 
 
 def run_case(case: str, repeat: int, cflags: list[str], work: Path, env: dict) -> dict:
-    src = work / case / ("bump.cpp" if case != "split" else "tutorial_my_ops_cuda.cu")
+    if case not in ("oplib", "stable"):
+        sys.exit(f"no case {case!r}: oplib, stable")
+    src = work / case / "bump.cpp"
     src.parent.mkdir(parents=True)
     offset0 = 1
-    if case == "split":
-        for f in ("tutorial_my_ops_cuda.cu", "tutorial_my_ops_cuda.cpp"):
-            shutil.copy(ROOT / "examples" / f, src.parent / f)
-        raise SystemExit("the split case is run by benchmarks/gpu.sh's CUDA machine (not written yet)")
     src.write_text((OPLIB if case == "oplib" else STABLE).replace("OFFSET", f"{offset0};").replace(";;", ";"))
     # built once, its precompiled header made (not timed)
     child(textwrap.dedent(f"""
