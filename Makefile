@@ -40,12 +40,14 @@ next-venv: $(VENV_NEXT)/.installed
 demo: $(VENV)/.installed
 	$(PY) examples/demo.py
 
-# Debian's ccache (the compiler-launcher test), clangd (the `kload ide` test) and redis-server
-# (the remote-cache tests start their own, on loopback): installed when missing and we are root
+# Debian's ccache (the compiler-launcher test), clangd (the `kload ide` test), redis-server
+# (the remote-cache tests start their own, on loopback) and clang 19 (tests/test_clang.py: the
+# second compiler), as command:package; installed when missing and we are root
 tools:
-	@for tool in ccache clangd redis-server; do command -v $$tool >/dev/null || { [ "$$(id -u)" = 0 ] && \
-	  command -v apt-get >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$tool >/dev/null; } || \
-	  echo "note: $$tool is not installed; its test will be skipped"; done
+	@for pair in ccache:ccache clangd:clangd redis-server:redis-server clang++-19:clang-19; do \
+	  tool=$${pair%%:*}; package=$${pair#*:}; command -v $$tool >/dev/null || { [ "$$(id -u)" = 0 ] && \
+	  command -v apt-get >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$package >/dev/null; } || \
+	  echo "note: $$tool is not installed; its tests will be skipped"; done
 
 # the whole suite (what .ci/run runs): pytest on two workers, and beside it the second venv's
 # install and `make upgrade-check` (their compiles fill the cores pytest's waits leave idle);

@@ -50,7 +50,7 @@ def main() -> None:
 
     from kload.compile.cuda_split import split as cusplit
     from kload.options import include_dir
-    from kload.compile.pch_build import torch_ninja_variables
+    from kload.compile.torchbuild import torch_ninja_variables
     from kload.compile.cuda_split.units import host_flags
     from kload.plan.toolchain import find_cuda_home, pip_cuda_includes
 

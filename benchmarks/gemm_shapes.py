@@ -36,9 +36,9 @@ def build(shape):
     wn, stages = shape
     if shape == SHAPES[0]:
         return kernels.op("matmul")
-    h = kload.load(*kernels.sources("matmul"), name=f"kload_matmul_w{wn}s{stages}", extra_cflags=kernels.CFLAGS,
+    h = kload.load(*kernels.sources("matmul"), name=f"kload_matmul_w{wn}s{stages}", extra_cflags=kernels.CFLAGS + kernels.openmp_flags()[0],
                    extra_cuda_cflags=kernels.CUDA_CFLAGS + [f"-DKLOAD_GEMM_WARPS_N={wn}", f"-DKLOAD_GEMM_STAGES={stages}"],
-                   extra_ldflags=kernels.LDFLAGS, reload=False)
+                   extra_ldflags=kernels.LDFLAGS + kernels.openmp_flags()[1], reload=False)
     return h.matmul
 
 

@@ -84,7 +84,7 @@ def old_kernels(rev: str, work: Path) -> Path:
     init = dest / "kernels_before" / "__init__.py"
     # its own include/ first (kload/cpu/parallel.h of then), and its own build names
     init.write_text(init.read_text().replace(
-        "extra_ldflags=LDFLAGS,", f"extra_ldflags=LDFLAGS, extra_include_paths=[{str(dest / 'kernels_before' / 'include')!r}],"))
+        "extra_ldflags=LDFLAGS", f"extra_include_paths=[{str(dest / 'kernels_before' / 'include')!r}], extra_ldflags=LDFLAGS"))
     return dest
 
 

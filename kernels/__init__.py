@@ -25,11 +25,10 @@ __all__ = ["vector_add", "matmul", "conv2d", "bias_gelu"]
 
 _HERE = Path(__file__).resolve().parent
 # -O3 -march=native: the inner loops are written for the compiler to vectorize;
-# kload keys -march=native builds by the host CPU. OpenMP links the runtime torch
-# already loaded (same soname), so a process has one.
-CFLAGS = ["-O3", "-march=native", "-fopenmp"]
+# kload keys -march=native builds by the host CPU. OpenMP: openmp_flags().
+CFLAGS = ["-O3", "-march=native"]
 CUDA_CFLAGS = ["-O3"]
-LDFLAGS = ["-fopenmp"]
+LDFLAGS: list[str] = []
 
 _lock = threading.Lock()
 _handles: dict[str, kload.Handle] = {}
@@ -42,6 +41,22 @@ def sources(op: str) -> list[Path]:
     return sorted(folder.glob("*.cpp")) + sorted(folder.glob("*.cu"))
 
 
+def openmp_flags() -> tuple[list[str], list[str]]:
+    """The C++ and link flags of the kernels' loops, for the compiler ``CXX`` names. g++:
+    ``-fopenmp``, which links the libgomp torch already loaded (same soname): one runtime
+    in the process. clang: its ``-fopenmp`` emits calls into LLVM's libomp (``__kmpc_*``,
+    which libgomp lacks), a second runtime and thread pool beside torch's, and its
+    ``-fopenmp=libgomp`` compiles the pragmas away; so ``-fopenmp-simd`` (the simd
+    pragmas, no runtime) and the threads of torch's own pool (kload/cpu/parallel.h)."""
+    from kload import knobs
+    from kload.options import cxx_command
+    from kload.plan.toolchain import compiler_identity
+
+    if compiler_identity(cxx_command(), knobs.cache_dir()).get("family") == "gcc":
+        return ["-fopenmp"], ["-fopenmp"]
+    return ["-fopenmp-simd"], []
+
+
 def handle(op: str) -> kload.Handle:
     """The loaded library of one shipped op, with its autograd formula registered."""
     with _lock:
@@ -50,8 +65,9 @@ def handle(op: str) -> kload.Handle:
             # reload=False: `kernels.<op>` is bound once, with its autograd registered on
             # that build's namespace; a rebuild would serve neither (and these files ship
             # in the package), so no watcher either
-            h = kload.load(*sources(op), name=f"kload_{op}", extra_cflags=CFLAGS, extra_cuda_cflags=CUDA_CFLAGS,
-                           extra_ldflags=LDFLAGS, reload=False)
+            cflags, ldflags = openmp_flags()
+            h = kload.load(*sources(op), name=f"kload_{op}", extra_cflags=CFLAGS + cflags,
+                           extra_cuda_cflags=CUDA_CFLAGS, extra_ldflags=LDFLAGS + ldflags, reload=False)
             h.load()
             _AUTOGRAD[op](h)
             _handles[op] = h

@@ -200,9 +200,14 @@ def test_compilers_and_flags_where_no_pch_applies(tmp_path, monkeypatch):
     src = source(tmp_path)
     p = make_plan(make_options("n", [src], [], [], [], [], False, False, False), store)
     assert not_applicable(p) is None and [pp.header for pp in plans_for(p, store)] == ["kload/kernel.h"]
-    p = dataclasses.replace(p, cxx={"command": "clang++-14", "real": "/usr/lib/llvm-14/bin/clang", "family": "clang",
-                                    "version": "clang 14.0.6"})  # what toolchain.compiler_identity says of a clang
-    assert "is not GCC" in not_applicable(p) and plans_for(p, store) == []
+    clang = dataclasses.replace(p, cxx={"command": "clang++-14", "real": "/usr/lib/llvm-14/bin/clang",
+                                        "family": "clang", "version": "clang 14.0.6"})  # as compiler_identity says
+    assert not_applicable(clang) is None  # its own .pch (tests/test_clang.py)
+    [pp] = plans_for(clang, store)
+    assert pp.clang and pp.gch.name == "kernel.h.pch" and pp.key != plans_for(p, store)[0].key
+    p = dataclasses.replace(p, cxx={"command": "icpx", "real": "/opt/intel/bin/icpx", "family": "other",
+                                    "version": "icpx"})
+    assert "neither GCC nor clang" in not_applicable(p) and plans_for(p, store) == []
     for flags in (["-include", "x.h"], ["-E"], ["-fsyntax-only"], ["-x", "c++"]):
         p = make_plan(make_options("n", [src], flags, [], [], [], False, False, False), store)
         assert "rules it out" in not_applicable(p) and plans_for(p, store) == []

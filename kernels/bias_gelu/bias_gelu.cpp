@@ -251,13 +251,11 @@ void bias_gelu_backward_kernel(const Tensor& grad, const Tensor& x, const Tensor
   scalar_t* pgx = grad_x.mutable_data_ptr<scalar_t>();
   const int threads = std::max<int64_t>(1, std::min<int64_t>(kload::cpu::num_threads(), rows));
   std::vector<std::vector<scalar_t>> partial(threads, std::vector<scalar_t>(D, scalar_t(0)));
-#pragma omp parallel num_threads(threads)
-  {
-    const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+  kload::cpu::parallel_threads(threads, [&](int64_t t, int64_t nt) {
     scalar_t* acc = partial[t].data();
     for (int64_t r = rows * t / nt; r < rows * (t + 1) / nt; ++r)
       backward_row(pg + r * D, px + r * D, pb, pgx + r * D, acc, D);
-  }
+  });
   scalar_t* pgb = grad_b.mutable_data_ptr<scalar_t>();
   for (const auto& p : partial)
     for (int64_t j = 0; j < D; ++j) pgb[j] += p[j];

@@ -162,9 +162,7 @@ void conv2d_backward_kernel(const Geometry& g, const Tensor& x, const Tensor& w,
   scalar_t* pgw = grad_w.mutable_data_ptr<scalar_t>();
   const int threads = std::max(1, std::min<int>(kload::cpu::num_threads(), static_cast<int>(g.N)));
   std::vector<std::vector<scalar_t>> partial(threads, std::vector<scalar_t>(g.OC * g.ckk(), scalar_t(0)));
-#pragma omp parallel num_threads(threads)
-  {
-    const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+  kload::cpu::parallel_threads(threads, [&](int64_t t, int64_t nt) {
     std::vector<scalar_t> col(g.ckk() * g.ohw()), colt(g.ohw() * g.ckk());
     for (int64_t n = g.N * t / nt; n < g.N * (t + 1) / nt; ++n) {
       const scalar_t* gn = pg + n * g.OC * g.ohw();
@@ -174,7 +172,7 @@ void conv2d_backward_kernel(const Geometry& g, const Tensor& x, const Tensor& w,
       gemm_any<scalar_t>(g.ckk(), g.ohw(), g.OC, wt.data(), gn, col.data(), false);
       col2im(g, col.data(), pgx + n * g.C * g.H * g.W);
     }
-  }
+  });
   for (const auto& p : partial)
     for (int64_t i = 0; i < g.OC * g.ckk(); ++i) pgw[i] += p[i];
 }

@@ -36,7 +36,7 @@ from .. import knobs
 from . import pch_build
 from ..plan import toolchain
 from ..options import torch_identity, which
-from ..options import include_dir
+from ..options import CUDA_SUFFIXES, include_dir
 from ..plan.plan import Plan
 from .pch_build import PchPlan, check, entry_dir, start
 
@@ -50,8 +50,8 @@ def not_applicable(plan: Plan) -> str | None:
     """Why no precompiled header can serve this build, or None."""
     if not knobs.pch():
         return "KLOAD_PCH=0"
-    if not toolchain.is_gcc(plan.cxx):
-        return (f"the compiler {plan.cxx['command']} is not GCC (its macros say "
+    if plan.cxx.get("family") not in ("gcc", "clang"):
+        return (f"the compiler {plan.cxx['command']} is neither GCC nor clang (its macros say "
                 f"{plan.cxx.get('family', 'other')})")
     for f in plan.opts.cflags:
         if f in _NO_PCH_FLAGS or f.startswith(_NO_PCH_PREFIXES):
@@ -84,7 +84,7 @@ def plans_for(plan: Plan, store: Store) -> list[PchPlan]:
                 "cxx": which(plan.cxx["command"]) or plan.cxx["command"],
                 "cflags": list(plan.cflags),
                 "include_paths": [str(include_dir())] + list(plan.opts.include_paths),
-                "with_cuda": plan.with_cuda}
+                "with_cuda": plan.with_cuda, "clang": plan.cxx.get("family") == "clang"}
         out.append(PchPlan(header, key, entry_dir(store, header, key), spec))
     return out
 
@@ -99,6 +99,9 @@ def _opened_real_header(header: str, files: list[str]) -> bool:
 # and memory bandwidth, and the foreground one ran 1.07-1.17x slower (measured
 # with kernel.h; docs/benchmarks.md). Built after, it is ready about as soon.
 PARALLEL_CORES = 4
+# how clang's refusals of a .pch begin ("... since the precompiled header was built", "C++20 was
+# enabled in PCH file but is currently disabled", "malformed or corrupted AST file")
+_CLANG_PCH_SAYS = ("precompiled header", "PCH file", "AST file")
 _refused: set[str] = set()  # keys of entries GCC refused in this process (rebuilt once)
 
 
@@ -113,8 +116,10 @@ class PrecompiledHeaders:
         self.ready: dict[str, Entry] = {}
         self.started: list[str] = []
         self.used: set[str] = set()
+        self._clang_refused: dict[str, str] = {}  # header -> why clang refused its .pch in this build
         self._firsts = plan.sources.first_includes
         self._store = store
+        self.clang = plan.cxx.get("family") == "clang"
         self._missing = []
         for pp in self.plans:
             entry = check(pp, store)
@@ -123,8 +128,21 @@ class PrecompiledHeaders:
                 self.ready[pp.header] = entry
             else:
                 self._missing.append(pp)
+        self.given = self._one_for_clang() if self.clang else None
         if (os.cpu_count() or 1) >= PARALLEL_CORES:
             self.start_missing()
+
+    def _one_for_clang(self) -> str | None:
+        """clang loads one precompiled header a compile, named on its command line
+        (``-include-pch``), and loads it before anything of the source: the header that
+        every C++ source of the build starts with, when its entry is ready."""
+        firsts = {h for src, h in self._firsts.items() if os.path.splitext(src)[1] not in CUDA_SUFFIXES}
+        header = next(iter(firsts)) if len(firsts) == 1 else None
+        return header if header in self.ready else None
+
+    def serves(self, header: str) -> bool:
+        """Whether the precompiled ``header`` is ready for this build's compiles."""
+        return self.given == header if self.clang else header in self.ready
 
     def start_missing(self) -> None:
         """Start the background builds of the missing ones (once)."""
@@ -134,11 +152,16 @@ class PrecompiledHeaders:
         self._missing = []
 
     def cflags(self) -> list[str]:
-        """For g++ only (nvcc has no PCH): each entry's directory, existing or not, so
+        """For g++ (nvcc has no PCH): each entry's directory, existing or not, so
         that the command line, and with it ninja's view of the build, stays the same
-        when the entry appears; ahead of kload's own include directory."""
+        when the entry appears; ahead of kload's own include directory. For clang: the
+        ready ``.pch`` every C++ source starts with, checked by content where a header's
+        mtime differs from the one it was made from (its command line changes when it appears)."""
         if not self.plans:
             return []
+        if self.clang:
+            pp = next((pp for pp in self.plans if pp.header == self.given), None)
+            return [] if pp is None else ["-include-pch", shlex.quote(str(pp.gch)), "-fpch-validate-input-files-content"]
         return ["-Winvalid-pch"] + ["-I" + shlex.quote(str(pp.path)) for pp in self.plans]
 
     def held(self):
@@ -178,6 +201,8 @@ class PrecompiledHeaders:
                                "<torch/extension.h> (only comments, blank lines and #line may come before)")
             elif header not in self.ready:
                 notes[base] = f"no precompiled <{header}> yet (it is built in the background)"
+            elif self.clang:
+                notes[base] = self._clang_note(header)
             elif _opened_real_header(header, deps.get(obj, [])):
                 notes[base] = self._refused(plans[header])
             else:
@@ -187,17 +212,43 @@ class PrecompiledHeaders:
             log.info("%s", text)
         return notes
 
+    def _clang_note(self, header: str) -> str:
+        if self.given == header:
+            self.used.add(header)
+            return f"used the precompiled <{header}> ({self.ready[header].path.name})"
+        if header in self._clang_refused:
+            return self._clang_refused[header]
+        return (f"no precompiled header: clang loads one per compile, and not every C++ source of this "
+                f"build starts with <{header}>")
+
+    def refused(self, output: str) -> bool:
+        """Whether a failed compile failed on the ``.pch`` clang was given (made by another
+        clang, a header under it changed, a damaged file): then it is moved aside and built
+        again in the background, and the build goes on without it. True: compile again."""
+        pp = next((pp for pp in self.plans if pp.header == self.given), None) if self.clang else None
+        if pp is None:
+            return False
+        said = [line.strip() for line in output.splitlines()  # (not the command line ninja echoes)
+                if "error: " in line and any(m in line for m in _CLANG_PCH_SAYS)]
+        if not said:
+            return False
+        self._clang_refused[pp.header] = f"{self._refused(pp)} ({said[0]})"
+        log.info("%s", self._clang_refused[pp.header])
+        self.given = None
+        return True
+
     def _refused(self, pp: PchPlan) -> str:
-        """GCC would not use an entry that matched its key and manifest: it is stale or
-        foreign (nothing a source may put before its first #include, as sources.py
+        """The compiler would not use an entry that matched its key and manifest: it is stale
+        or foreign (nothing a source may put before its first #include, as sources.py
         reads it, makes GCC refuse one). Move it aside and build a new one, once
         per process and key."""
-        text = (f"the precompiled <{pp.header}> was not used: GCC refused it (a verbose build shows "
+        text = (f"the precompiled <{pp.header}> was not used: clang refused it" if pp.clang else
+                f"the precompiled <{pp.header}> was not used: GCC refused it (a verbose build shows "
                 "-Winvalid-pch's reason)")
         if pp.key in _refused:
             return text
         _refused.add(pp.key)
-        self._store.quarantine(pp.path, f"precompiled <{pp.header}>: GCC refused to use it")
+        self._store.quarantine(pp.path, f"precompiled <{pp.header}>: {'clang' if pp.clang else 'GCC'} refused to use it")
         start(pp, self._store)
         return text + "; moved it aside and building a new one in the background"
 

@@ -221,3 +221,35 @@ def _raise_build_error(plan: Plan, ws: Path, log_path: Path, e: RuntimeError) ->
     if any(f.endswith(os.path.join("kload", "lean")) for f in plan.cuda_cflags) and "torch::" in output:
         err.args = (err.args[0] + LEAN_HINT,)
     raise err from None
+
+
+def torch_ninja_variables(*, name: str, sources: list[str], cflags: list[str], cuda_cflags: list[str],
+                          include_paths: list[str], with_cuda: bool) -> dict[str, str]:
+    """The variables of the ninja file torch.utils.cpp_extension writes for a build
+    (``cflags``, ``cuda_cflags``, ``cuda_post_cflags``, ``cxx``, ``nvcc``, ...): the flags
+    torch gives each kind of source, whatever this torch adds."""
+    import inspect
+    import tempfile
+
+    from torch.utils import cpp_extension
+
+    writer = getattr(cpp_extension, "_write_ninja_file_to_build_library", None)
+    if writer is None:
+        raise KloadError("this torch has no ninja writer that kload can read flags from")
+    with tempfile.TemporaryDirectory(prefix="kload-flags-") as d:
+        values = dict(path=os.path.join(d, "build.ninja"), name=name, sources=list(sources),
+                      extra_cflags=list(cflags), extra_cuda_cflags=list(cuda_cflags), extra_sycl_cflags=[],
+                      extra_ldflags=[], extra_include_paths=list(include_paths),
+                      with_cuda=with_cuda, with_sycl=False, is_standalone=False)
+        params = inspect.signature(writer).parameters
+        missing = [p for p, v in params.items() if p not in values and v.default is inspect.Parameter.empty]
+        if missing:
+            raise KloadError(f"torch's ninja writer wants {missing}, which kload does not know")
+        writer(**{k: v for k, v in values.items() if k in params})
+        text = Path(values["path"]).read_text()
+    found = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition(" = ")
+        if sep and not line.startswith(" "):
+            found[key.strip()] = value
+    return found

@@ -109,7 +109,7 @@ class Tools:
 
     def __init__(self, plan: Plan, store: Store, folder: Path, sources: list[str]):
         cflags, cuda_cflags = torchbuild.extra_flags(plan, None)  # the plan's C++ flags are no .cu's
-        found = pch_build.torch_ninja_variables(name=plan.name, sources=sources, cflags=cflags,
+        found = torchbuild.torch_ninja_variables(name=plan.name, sources=sources, cflags=cflags,
                                                 cuda_cflags=cuda_cflags, include_paths=list(plan.opts.include_paths),
                                                 with_cuda=True)
         self.plan, self.store, self.dir = plan, store, folder
