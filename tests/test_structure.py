@@ -23,8 +23,8 @@ LAYERS = [
                 "kload.reloading"]),                                     # the reload policy, reload on save
     ("kload.plan", ["kload.plan.toolchain", "kload.plan.sources", "kload.plan.plan", "kload.plan.explain",
                     "kload.plan"]),
-    ("kload.compile", ["kload.compile.foreground", "kload.compile.linking", "kload.compile.pch_build", "kload.compile.pch",
-                     "kload.compile.compilers", "kload.compile.torchbuild", "kload.compile.registration",
+    ("kload.compile", ["kload.compile.foreground", "kload.compile.linking", "kload.compile.torchbuild",
+                     "kload.compile.pch_build", "kload.compile.pch", "kload.compile.compilers", "kload.compile.registration",
                      "kload.compile.trim", "kload.compile.inputs",
                      "kload.compile.cuda_split.scan", "kload.compile.cuda_split.launches", "kload.compile.cuda_split.split",
                      "kload.compile.cuda_split.units", "kload.compile.cuda_split.build", "kload.compile.cuda_split",
